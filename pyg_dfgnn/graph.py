@@ -1,0 +1,405 @@
+"""Graph adapter: any PyG adjacency -> destination-major CSR (+ its transpose).
+
+The fused kernels walk the incoming edges of each destination node, so every
+adjacency format PyG accepts is converted once into
+
+* ``rowptr [N_dst + 1]``, ``col [E]`` (source ids)  -- CSR by destination,
+* ``perm [E]``: CSR position -> original edge id (``None`` when identity),
+* ``t_rowptr [N_src + 1]``, ``t_col [E]`` (destination ids), ``t_perm [E]``:
+  the source-major transpose, ``t_perm`` mapping a transposed position to the
+  CSR position of the same edge (used by the backward pass for source-side
+  gradients without atomics),
+* degree statistics used by the scheduler.
+
+"Original edge order" is the order in which the caller lists the edges: the
+columns of an ``edge_index`` tensor, the stored (CSR) order of a
+``SparseTensor`` or a torch sparse CSR tensor, the stored order of a COO
+tensor.  Edge features (``edge_attr``) and returned attention weights use it.
+
+Conversions are cached on the adjacency object (weak reference + tensor
+version counters), so a static graph is converted once, not once per layer
+per step, and an in-place mutation of the adjacency is never served stale.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+try:  # optional dependency
+    from torch_sparse import SparseTensor  # type: ignore
+except Exception:  # pragma: no cover - depends on the environment
+    SparseTensor = None  # type: ignore
+
+try:
+    from torch_geometric import EdgeIndex  # type: ignore
+except Exception:  # pragma: no cover
+    EdgeIndex = None  # type: ignore
+
+_INT32_MAX = 2**31 - 1
+
+
+def is_sparse_tensor(adj: Any) -> bool:
+    """True for a ``torch_sparse.SparseTensor``."""
+    return SparseTensor is not None and isinstance(adj, SparseTensor)
+
+
+def is_torch_sparse(adj: Any) -> bool:
+    return isinstance(adj, Tensor) and adj.layout in (
+        torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+
+
+@dataclass(eq=False)
+class CSRGraph:
+    """Destination-major CSR of a (possibly bipartite) graph plus its transpose."""
+
+    rowptr: Tensor
+    col: Tensor
+    perm: Optional[Tensor]
+    t_rowptr: Tensor
+    t_col: Tensor
+    t_perm: Tensor
+    num_src: int
+    num_dst: int
+    max_in_degree: int
+    max_out_degree: int
+    #: the adjacency after self-loop handling, when the caller asked for
+    #: loops on a SparseTensor (needed to return attention weights).
+    adj: Any = None
+    #: scheduler's per-graph plans, filled lazily (see :mod:`pyg_dfgnn.schedule`)
+    plans: Dict[Any, Any] = field(default_factory=dict)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.col.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.rowptr.device
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        return self.col.dtype
+
+    @property
+    def mean_in_degree(self) -> float:
+        return self.num_edges / max(self.num_dst, 1)
+
+    def in_degree(self) -> Tensor:
+        return self.rowptr[1:] - self.rowptr[:-1]
+
+    def row_index(self) -> Tensor:
+        """Destination id of every CSR position (``[E]``)."""
+        deg = self.in_degree().long()
+        return torch.repeat_interleave(
+            torch.arange(self.num_dst, device=self.device, dtype=self.col.dtype), deg,
+            output_size=self.num_edges)
+
+    def to_original(self, values: Tensor) -> Tensor:
+        """Reorder a CSR-ordered per-edge tensor into the original edge order."""
+        if self.perm is None:
+            return values
+        out = torch.empty_like(values)
+        out[self.perm.long()] = values
+        return out
+
+    def to_csr_order(self, values: Tensor) -> Tensor:
+        """Reorder a per-edge tensor given in original order into CSR order."""
+        if self.perm is None:
+            return values
+        return values.index_select(0, self.perm.long())
+
+    def __repr__(self) -> str:
+        return (f"CSRGraph(num_src={self.num_src}, num_dst={self.num_dst}, "
+                f"num_edges={self.num_edges}, max_in_degree={self.max_in_degree}, "
+                f"max_out_degree={self.max_out_degree}, index={self.col.dtype}, "
+                f"device={self.device})")
+
+
+# --------------------------------------------------------------------------- #
+# validation
+# --------------------------------------------------------------------------- #
+
+def _check_index(name: str, idx: Tensor, bound: int, what: str) -> None:
+    if idx.numel() == 0:
+        return
+    lo, hi = torch.aminmax(idx)
+    lo, hi = int(lo), int(hi)  # one host sync per conversion, not per launch
+    if lo < 0:
+        raise ValueError(f"'{name}' contains a negative {what} index ({lo})")
+    if hi >= bound:
+        raise ValueError(f"'{name}' contains {what} index {hi}, out of range for "
+                         f"{bound} {what} nodes")
+
+
+def _check_edge_index(edge_index: Tensor) -> None:
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"'edge_index' must have shape [2, num_edges], got "
+                         f"{list(edge_index.shape)}")
+    if edge_index.dtype.is_floating_point or edge_index.dtype.is_complex or \
+            edge_index.dtype == torch.bool:
+        raise ValueError(f"'edge_index' must be an integer tensor, got {edge_index.dtype}")
+
+
+# --------------------------------------------------------------------------- #
+# construction
+# --------------------------------------------------------------------------- #
+
+def _index_dtype(num_edges: int, num_nodes: int) -> torch.dtype:
+    return torch.int32 if max(num_edges, num_nodes + 1) <= _INT32_MAX else torch.int64
+
+
+def _ptr_from_sorted(sorted_idx: Tensor, n: int) -> Tensor:
+    counts = torch.bincount(sorted_idx.long(), minlength=n) if sorted_idx.numel() else \
+        torch.zeros(n, dtype=torch.long, device=sorted_idx.device)
+    ptr = torch.zeros(n + 1, dtype=torch.long, device=sorted_idx.device)
+    torch.cumsum(counts, 0, out=ptr[1:])
+    return ptr
+
+
+def _finish(rowptr: Tensor, col: Tensor, perm: Optional[Tensor], num_src: int,
+            num_dst: int, adj: Any = None) -> CSRGraph:
+    """Build the transpose and statistics from a destination-major CSR."""
+    E = int(col.numel())
+    itype = _index_dtype(E, max(num_src, num_dst))
+    device = col.device
+    rowptr = rowptr.long()
+    col = col.long()
+    deg = rowptr[1:] - rowptr[:-1]
+    rows = torch.repeat_interleave(torch.arange(num_dst, device=device), deg, output_size=E)
+    # transpose: stable sort of the CSR positions by source id
+    t_perm = torch.argsort(col, stable=True) if E else torch.zeros(0, dtype=torch.long,
+                                                                    device=device)
+    t_col = rows[t_perm]
+    t_rowptr = _ptr_from_sorted(col, num_src)
+    max_in = int(deg.max()) if num_dst > 0 and E > 0 else 0
+    max_out = int((t_rowptr[1:] - t_rowptr[:-1]).max()) if num_src > 0 and E > 0 else 0
+    if perm is not None:
+        perm = perm.to(itype)
+    return CSRGraph(rowptr=rowptr.to(itype).contiguous(), col=col.to(itype).contiguous(),
+                    perm=perm, t_rowptr=t_rowptr.to(itype).contiguous(),
+                    t_col=t_col.to(itype).contiguous(), t_perm=t_perm.to(itype).contiguous(),
+                    num_src=num_src, num_dst=num_dst, max_in_degree=max_in,
+                    max_out_degree=max_out, adj=adj)
+
+
+def from_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> CSRGraph:
+    """``edge_index [2, E]`` (row 0 = source, row 1 = target) -> :class:`CSRGraph`."""
+    _check_edge_index(edge_index)
+    ei = edge_index.as_subclass(Tensor) if type(edge_index) is not Tensor else edge_index
+    src, dst = ei[0], ei[1]
+    _check_index("edge_index", src, num_src, "source")
+    _check_index("edge_index", dst, num_dst, "target")
+    if ei.numel() and bool((dst[1:] >= dst[:-1]).all()):
+        perm = None  # already destination-sorted: keep the order
+        col = src
+        rowptr = _ptr_from_sorted(dst, num_dst)
+    else:
+        perm = torch.argsort(dst, stable=True)
+        col = src[perm]
+        rowptr = _ptr_from_sorted(dst, num_dst)
+    return _finish(rowptr, col, perm, num_src, num_dst)
+
+
+def from_csr(rowptr: Tensor, col: Tensor, num_src: int, num_dst: int,
+             adj: Any = None, check: bool = True) -> CSRGraph:
+    """A destination-major CSR given directly (``adj_t`` convention)."""
+    if rowptr.numel() != num_dst + 1:
+        raise ValueError(f"'rowptr' has {rowptr.numel()} entries, expected {num_dst + 1}")
+    if check:
+        _check_index("adj_t", col, num_src, "source (column)")
+        if rowptr.numel() > 1 and bool((rowptr[1:] < rowptr[:-1]).any()):
+            raise ValueError("'adj_t' has a decreasing row pointer")
+    return _finish(rowptr, col, None, num_src, num_dst, adj=adj)
+
+
+def _sizes(adj: Any, size: Optional[Tuple[int, int]]) -> Tuple[Optional[int], Optional[int]]:
+    if size is None:
+        return None, None
+    return size[0], size[1]
+
+
+def build_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = None
+                ) -> CSRGraph:
+    """Convert any PyG adjacency into a :class:`CSRGraph` (uncached).
+
+    ``size = (num_src, num_dst)`` follows PyG's ``propagate(size=...)``; for
+    sparse inputs the sizes come from the tensor itself.
+    """
+    ns, nd = _sizes(adj, size)
+    if is_sparse_tensor(adj):
+        rowptr, col, _ = adj.csr()
+        nd_, ns_ = adj.sparse_sizes()
+        return from_csr(rowptr, col, ns_, nd_, adj=adj)
+    if is_torch_sparse(adj):
+        nd_, ns_ = adj.shape[0], adj.shape[1]
+        if adj.layout == torch.sparse_csr:
+            return from_csr(adj.crow_indices(), adj.col_indices(), ns_, nd_, adj=adj)
+        if adj.layout == torch.sparse_csc:
+            # CSC of adj_t = source-major; original order = stored order
+            ccol, row = adj.ccol_indices(), adj.row_indices()
+            src = torch.repeat_interleave(torch.arange(ns_, device=row.device),
+                                          (ccol[1:] - ccol[:-1]).long(),
+                                          output_size=row.numel())
+            g = from_edge_index(torch.stack([src, row.long()]), ns_, nd_)
+            g.adj = adj
+            return g
+        idx = adj._indices()
+        g = from_edge_index(torch.stack([idx[1], idx[0]]), ns_, nd_)
+        g.adj = adj
+        return g
+    if not isinstance(adj, Tensor):
+        raise ValueError(f"'edge_index' must be a Tensor, SparseTensor, EdgeIndex or torch "
+                         f"sparse tensor, got {type(adj).__name__}")
+    _check_edge_index(adj)
+    if EdgeIndex is not None and isinstance(adj, EdgeIndex):
+        sparse = adj.sparse_size()
+        ns = ns if ns is not None else sparse[0]
+        nd = nd if nd is not None else sparse[1]
+    if ns is None or nd is None:
+        n = int(adj.max()) + 1 if adj.numel() else 0
+        ns = n if ns is None else ns
+        nd = n if nd is None else nd
+    if EdgeIndex is not None and isinstance(adj, EdgeIndex) and adj.is_sorted_by_col \
+            and adj.numel():
+        _check_index("edge_index", adj.as_subclass(Tensor)[0], ns, "source")
+        _check_index("edge_index", adj.as_subclass(Tensor)[1], nd, "target")
+        (colptr, row), perm = adj.get_csc()
+        if colptr.numel() == nd + 1:
+            g = _finish(colptr, row, perm, ns, nd)
+            return g
+    return from_edge_index(adj, ns, nd)
+
+
+# --------------------------------------------------------------------------- #
+# cache
+# --------------------------------------------------------------------------- #
+
+def _tensors_of(adj: Any):
+    if is_sparse_tensor(adj):
+        st = adj.storage
+        return [t for t in (st._row, st._rowptr, st._col) if t is not None]
+    if isinstance(adj, Tensor):
+        if adj.layout == torch.sparse_csr:
+            return [adj.crow_indices(), adj.col_indices()]
+        if adj.layout == torch.sparse_csc:
+            return [adj.ccol_indices(), adj.row_indices()]
+        if adj.layout == torch.sparse_coo:
+            return [adj._indices()]
+        return [adj]
+    return []
+
+
+def _versions(adj: Any) -> Tuple[int, ...]:
+    out = []
+    for t in _tensors_of(adj):
+        try:
+            out.append(t._version)
+        except Exception:  # inference tensors etc.
+            out.append(-1)
+    return tuple(out)
+
+
+class _GraphCache:
+    """id(adj) -> (weakref(adj), key, versions, graph); entries die with adj."""
+
+    def __init__(self) -> None:
+        self._d: Dict[int, list] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, adj: Any, key: Any, build) -> CSRGraph:
+        oid = id(adj)
+        vers = _versions(adj)
+        with self._lock:
+            entries = self._d.get(oid)
+            if entries is not None:
+                ref = entries[0]
+                if ref() is adj:
+                    hit = entries[1].get(key)
+                    if hit is not None and hit[0] == vers:
+                        self.hits += 1
+                        return hit[1]
+                else:
+                    entries = None
+                    self._d.pop(oid, None)
+        graph = build()
+        self.misses += 1
+        with self._lock:
+            entries = self._d.get(oid)
+            if entries is None or entries[0]() is not adj:
+                try:
+                    ref = weakref.ref(adj, lambda _r, oid=oid: self._d.pop(oid, None))
+                except TypeError:  # not weak-referenceable: do not cache
+                    return graph
+                entries = [ref, {}]
+                self._d[oid] = entries
+            entries[1][key] = (vers, graph)
+        return graph
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.hits = self.misses = 0
+
+
+_cache = _GraphCache()
+
+
+def clear_cache() -> None:
+    """Drop every cached graph conversion."""
+    _cache.clear()
+
+
+def cache_info() -> Dict[str, int]:
+    return {"hits": _cache.hits, "misses": _cache.misses, "entries": len(_cache._d)}
+
+
+def _with_self_loops(adj: Any, num_nodes: int, num_src: int, num_dst: int) -> CSRGraph:
+    """PyG's ``remove_self_loops`` + ``add_self_loops`` (or ``set_diag``), then CSR.
+
+    The resulting original edge order equals PyG's: the surviving non-loop
+    edges in their order, then one loop per node ``0 .. num_nodes-1``.
+    """
+    if is_sparse_tensor(adj):
+        import torch_sparse
+        looped = torch_sparse.set_diag(adj)
+        return build_graph(looped)
+    if is_torch_sparse(adj):
+        raise NotImplementedError("self-loops are not added to torch.sparse adjacencies")
+    _check_edge_index(adj)
+    ei = adj.as_subclass(Tensor) if type(adj) is not Tensor else adj
+    _check_index("edge_index", ei[0], num_src, "source")
+    _check_index("edge_index", ei[1], num_dst, "target")
+    mask = ei[0] != ei[1]
+    loops = torch.arange(num_nodes, device=ei.device, dtype=ei.dtype)
+    ei = torch.cat([ei[:, mask], torch.stack([loops, loops])], dim=1)
+    return from_edge_index(ei, num_src, num_dst)
+
+
+def get_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = None,
+              self_loops: Optional[int] = None) -> CSRGraph:
+    """Cached :func:`build_graph`.
+
+    ``self_loops=N`` first removes existing self-loops and adds one loop for
+    nodes ``0..N-1`` exactly as PyG's GAT/GATv2/AGNN layers do.
+    """
+    ns, nd = _sizes(adj, size)
+    key = (ns, nd, self_loops)
+    if self_loops is None:
+        return _cache.get(adj, key, lambda: build_graph(adj, (ns, nd)))
+
+    def build():
+        if ns is None or nd is None:
+            n = int(adj.max()) + 1 if isinstance(adj, Tensor) and adj.numel() else 0
+            s, d = (ns if ns is not None else max(n, self_loops),
+                    nd if nd is not None else max(n, self_loops))
+        else:
+            s, d = ns, nd
+        return _with_self_loops(adj, self_loops, s, d)
+    return _cache.get(adj, key, build)

@@ -1,0 +1,146 @@
+"""The fused attention op as a ``torch.library`` custom op.
+
+``dfgnn::attention_fwd`` / ``dfgnn::attention_bwd`` are opaque to
+torch.compile (no graph breaks inside), have fake (meta) implementations for
+tracing, and are tied together by ``register_autograd``.  On CUDA tensors they
+call the C++/CUDA extension (``torch.ops.dfgnn_C.*``, built just in time); on
+any other device they run the pure-PyTorch reference in
+:mod:`pyg_dfgnn.ops.reference`.
+
+Schedule arguments (see :mod:`pyg_dfgnn.schedule`): ``group`` = lanes per
+(row, head) (0 = automatic), ``work [W, 4]`` = optional list of
+``(row, edge_begin, edge_end, slot)`` items (``slot < 0``: write the row's
+output directly, otherwise a partial result merged later), ``merge [R, 3]`` =
+``(row, slot_begin, slot_end)`` of split rows.  ``t_work`` / ``t_merge`` are
+the same for the transposed CSR in backward.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import reference as ref
+
+
+def _ext():
+    from .. import _build
+    _build.load()
+    return torch.ops.dfgnn_C
+
+
+def _seed_int(seed: Optional[Tensor]) -> int:
+    return int(seed.reshape(-1)[0]) if seed is not None and seed.numel() else 0
+
+
+@torch.library.custom_op("dfgnn::attention_fwd", mutates_args=())
+def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor],
+                  t_rowptr: Tensor, t_col: Tensor, t_perm: Tensor, dst_feat: Tensor,
+                  src_feat: Tensor, value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor], scale: float,
+                  negative_slope: float, dropout_p: float, seed: Optional[Tensor],
+                  need_alpha: bool, group: int, work: Optional[Tensor],
+                  merge: Optional[Tensor], t_work: Optional[Tensor],
+                  t_merge: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Forward; the transposed CSR (``t_*``) is unused here but saved for backward."""
+    return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
+                                 att, scale, negative_slope, dropout_p, _seed_int(seed),
+                                 need_alpha)
+
+
+@attention_fwd.register_kernel("cuda")
+def _attention_fwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                        need_alpha, group, work, merge, t_work, t_merge):
+    return tuple(_ext().attention_fwd(kind, rowptr, col, perm, dst_feat, src_feat, value,
+                                      edge, att, scale, negative_slope, dropout_p,
+                                      _seed_int(seed), need_alpha, group, work, merge))
+
+
+def _out_dtype(kind, src_feat, value):
+    return value.dtype if (value is not None and kind != ref.GATV2) else src_feat.dtype
+
+
+def _feat_shape(kind, src_feat, value):
+    return (value if (value is not None and kind != ref.GATV2) else src_feat).shape
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                        need_alpha, group, work, merge, t_work, t_merge):
+    nd = rowptr.shape[0] - 1
+    shp = _feat_shape(kind, src_feat, value)
+    H, Fd = shp[1], shp[2]
+    dt = _out_dtype(kind, src_feat, value)
+    lse_dt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
+    out = src_feat.new_empty((nd, H, Fd), dtype=dt)
+    lse = src_feat.new_empty((nd, H), dtype=lse_dt)
+    alpha = src_feat.new_empty((col.shape[0], H) if need_alpha else (0,), dtype=dt)
+    return out, lse, alpha
+
+
+@torch.library.custom_op("dfgnn::attention_bwd", mutates_args=())
+def attention_bwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor],
+                  t_rowptr: Tensor, t_col: Tensor, t_perm: Tensor, dst_feat: Tensor,
+                  src_feat: Tensor, value: Optional[Tensor], edge: Optional[Tensor],
+                  att: Optional[Tensor], scale: float, negative_slope: float,
+                  dropout_p: float, seed: Optional[Tensor], out: Tensor, lse: Tensor,
+                  grad_out: Tensor, group: int, work: Optional[Tensor],
+                  merge: Optional[Tensor], t_work: Optional[Tensor],
+                  t_merge: Optional[Tensor]) -> List[Tensor]:
+    return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
+                                  att, scale, negative_slope, dropout_p, _seed_int(seed),
+                                  out, lse, grad_out)
+
+
+@attention_bwd.register_kernel("cuda")
+def _attention_bwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                        out, lse, grad_out, group, work, merge, t_work, t_merge):
+    return list(_ext().attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                     dst_feat, src_feat, value, edge, att, scale,
+                                     negative_slope, dropout_p, _seed_int(seed), out, lse,
+                                     grad_out.contiguous(), group, work, merge, t_work,
+                                     t_merge))
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                        out, lse, grad_out, group, work, merge, t_work, t_merge):
+    def like(t):
+        return torch.empty_like(t) if t is not None else src_feat.new_empty((0,))
+    return [like(dst_feat), like(src_feat), like(value), like(edge), like(att)]
+
+
+def _setup_context(ctx, inputs, output):
+    (kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value, edge,
+     att, scale, negative_slope, dropout_p, seed, need_alpha, group, work, merge, t_work,
+     t_merge) = inputs
+    out, lse, alpha = output
+    ctx.kind, ctx.scale, ctx.slope, ctx.p, ctx.group = kind, scale, negative_slope, \
+        dropout_p, group
+    ctx.save_for_backward(rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
+                          value, edge, att, seed, out, lse, work, merge, t_work, t_merge)
+    ctx.mark_non_differentiable(lse, alpha)
+
+
+def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
+    (rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value, edge, att, seed,
+     out, lse, work, merge, t_work, t_merge) = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    if not any(need):
+        return (None,) * 22
+    grads = attention_bwd(ctx.kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                          src_feat, value, edge, att, ctx.scale, ctx.slope, ctx.p, seed, out,
+                          lse, grad_out, ctx.group, work, merge, t_work, t_merge)
+    d_dst, d_src, d_value, d_edge, d_att = grads
+
+    def opt(t, x):
+        return t if (x is not None and t.numel() == x.numel()) else None
+    return (None,) * 7 + (d_dst, d_src, opt(d_value, value), opt(d_edge, edge),
+                          opt(d_att, att)) + (None,) * 10
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
