@@ -218,25 +218,81 @@ def laplacian_pe(edge_index: torch.Tensor, num_nodes: int, k: int) -> torch.Tens
     Zero-padded when the graph has fewer than ``k + 1`` nodes.  Signs are
     arbitrary; the model flips them at random during training, as the original.
     """
-    A = torch.zeros(num_nodes, num_nodes, dtype=torch.float64)
+    import numpy as np
+    import scipy.linalg
+
+    A = np.zeros((num_nodes, num_nodes), dtype=np.float64)
     if edge_index.numel():
-        A[edge_index[0], edge_index[1]] = 1.0
-    A = torch.maximum(A, A.t())
+        ei = edge_index.cpu().numpy()
+        A[ei[0], ei[1]] = 1.0
+    A = np.maximum(A, A.T)
     deg = A.sum(1)
-    dinv = torch.where(deg > 0, deg.clamp(min=1).pow(-0.5), torch.zeros_like(deg))
-    L = torch.eye(num_nodes, dtype=torch.float64) - dinv[:, None] * A * dinv[None, :]
-    _, vecs = torch.linalg.eigh(L)
-    pe = vecs[:, 1:k + 1].float()
+    dinv = np.zeros_like(deg)
+    dinv[deg > 0] = deg[deg > 0] ** -0.5
+    L = np.eye(num_nodes) - dinv[:, None] * A * dinv[None, :]
+    # (scipy: torch.linalg.eigh is far slower for many small CPU matrices)
+    hi = min(k, num_nodes - 1)
+    _, vecs = scipy.linalg.eigh(L, subset_by_index=[0, hi])
+    pe = torch.from_numpy(np.ascontiguousarray(vecs[:, 1:k + 1])).float()
     if pe.size(1) < k:
         pe = torch.cat([pe, pe.new_zeros(num_nodes, k - pe.size(1))], dim=1)
     return pe.contiguous()
 
 
+class _single_thread_blas:
+    """Best effort: run OpenBLAS single-threaded inside the block.
+
+    Thread start-up dominates LAPACK calls on ~100x100 matrices (50x slower on a
+    2-core box); there is no portable API, so look the loaded OpenBLAS copies up
+    in ``/proc/self/maps`` and use their ``*set_num_threads*`` symbols if any.
+    """
+
+    _SYMS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads",
+             "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
+    _GET = ("openblas_get_num_threads", "scipy_openblas_get_num_threads",
+            "scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_")
+
+    def __enter__(self):
+        import ctypes
+        self._saved = []
+        try:
+            with open("/proc/self/maps") as f:
+                paths = sorted({ln.split()[-1] for ln in f
+                                if "openblas" in ln.lower() and ".so" in ln.split()[-1]})
+        except OSError:
+            return self
+        for path in paths:
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for sset, sget in zip(self._SYMS, self._GET):
+                fset, fget = getattr(lib, sset, None), getattr(lib, sget, None)
+                if fset is not None and fget is not None:
+                    try:
+                        n = int(fget())
+                        fset(1)
+                        self._saved.append((fset, n))
+                    except Exception:
+                        pass
+        return self
+
+    def __exit__(self, *exc):
+        for fset, n in self._saved:
+            try:
+                fset(n)
+            except Exception:
+                pass
+        return False
+
+
 def add_laplacian_pe(dataset: Sequence, k: int) -> List:
     """Materialise ``dataset`` as a list of ``Data`` with a ``lap_pe [N, k]`` attribute."""
+    import scipy.linalg  # noqa: F401  (load its BLAS before limiting threads)
     out = []
-    for d in dataset:
-        d = d.clone()
-        d.lap_pe = laplacian_pe(d.edge_index, int(d.num_nodes), k)
-        out.append(d)
+    with _single_thread_blas():
+        for d in dataset:
+            d = d.clone()
+            d.lap_pe = laplacian_pe(d.edge_index, int(d.num_nodes), k)
+            out.append(d)
     return out
