@@ -1,0 +1,321 @@
+"""Shared plumbing of the drop-in attention layers.
+
+Everything the four layers have in common lives here, so that each layer file
+only holds the few lines that differ from PyG's ``forward``:
+
+* :class:`FusedAttentionMixin` -- when to fall back to PyG's own message
+  passing (explain mode, hooks, ``decomposed_layers > 1``, unusual ``flow`` /
+  ``aggr``, overridden ``message`` & co., tracing, unsupported dtypes), the
+  once-per-reason warning on CUDA, and a clear TorchScript error;
+* :func:`resolve_adjacency` -- every adjacency PyG accepts (``edge_index``
+  tensor, :class:`~torch_geometric.EdgeIndex`, ``torch_sparse.SparseTensor``,
+  ``torch.sparse`` tensors) plus PyG's self-loop handling, turned into a cached
+  :class:`~pyg_dfgnn.graph.CSRGraph`, the (looped) edge features in the graph's
+  original edge order, and the (looped) adjacency PyG would hand back;
+* :func:`common_dtype` -- one dtype for all inputs of a fused call (autocast);
+* :func:`attention_weights` -- PyG's ``return_attention_weights`` formats.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.utils import add_self_loops, remove_self_loops
+from torch_geometric.utils.sparse import set_sparse_value
+
+from .. import graph as _graph
+from ..graph import CSRGraph, get_graph, is_sparse_tensor, is_torch_sparse
+from ..ops import SUPPORTED_DTYPES
+
+__all__ = ["FusedAttentionMixin", "Adjacency", "resolve_adjacency", "common_dtype",
+           "attention_weights", "check_sparse_loops", "generic_propagate"]
+
+#: PyG's generic (non-templated) ``propagate``: supports explain mode, hooks and
+#: ``decomposed_layers``, whatever class it is called on.
+generic_propagate = MessagePassing.__dict__.get("_orig_propagate",
+                                                MessagePassing.__dict__["propagate"])
+
+_HOOK_DICTS = (
+    "_propagate_forward_pre_hooks", "_propagate_forward_hooks",
+    "_message_forward_pre_hooks", "_message_forward_hooks",
+    "_aggregate_forward_pre_hooks", "_aggregate_forward_hooks",
+    "_message_and_aggregate_forward_pre_hooks", "_message_and_aggregate_forward_hooks",
+    "_edge_update_forward_pre_hooks", "_edge_update_forward_hooks",
+)
+
+#: methods whose override by a user subclass the fused path would silently skip
+_PYG_METHODS = ("message", "aggregate", "message_and_aggregate", "update",
+                "edge_update", "explain_message")
+
+_WARNED: set = set()
+
+
+def _warn_once(cls: type, reason: str) -> None:
+    key = (cls, reason)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(
+        f"pyg_dfgnn.nn.{cls.__name__}: falling back to PyG's own (unfused) message "
+        f"passing because of {reason}. Results are PyG's; only speed is lost. "
+        f"(This warning is shown once per layer class and reason.)", stacklevel=4)
+
+
+class FusedAttentionMixin:
+    """Mixed in *before* the PyG class: ``class GATConv(FusedAttentionMixin,
+    torch_geometric.nn.GATConv)``.  Subclasses set ``_pyg_cls`` to that PyG
+    class."""
+
+    _pyg_cls: type = MessagePassing
+
+    def _fused_fallback_reason(self, *tensors: Any) -> Optional[str]:
+        """Why this call cannot take the fused path (``None`` if it can).
+
+        ``tensors`` are the node-feature inputs (``None`` and pairs allowed).
+        """
+        if torch.jit.is_tracing():
+            return "torch.jit tracing"
+        if self.explain:
+            return "explain mode"
+        if self.decomposed_layers > 1:
+            return "decomposed_layers > 1"
+        for name in _HOOK_DICTS:
+            if len(getattr(self, name)) > 0:
+                return "registered message-passing hooks"
+        if self.flow != "source_to_target":
+            return f"flow='{self.flow}'"
+        if self.aggr not in ("add", "sum"):
+            return f"aggr={self.aggr!r}"
+        cls = type(self)
+        for name in _PYG_METHODS:
+            if getattr(cls, name) is not getattr(self._pyg_cls, name):
+                return f"an overridden '{name}'"
+        if self.training and getattr(self, "dropout", 0.0) >= 1.0:
+            return "dropout >= 1"
+        for t in tensors:
+            if isinstance(t, (tuple, list)):
+                for u in t:
+                    if isinstance(u, Tensor) and u.dtype not in SUPPORTED_DTYPES:
+                        return f"dtype {u.dtype}"
+            elif isinstance(t, Tensor) and t.dtype not in SUPPORTED_DTYPES:
+                return f"dtype {t.dtype}"
+        return None
+
+    def _fused_fallback(self, reason: str, like: Any) -> None:
+        """Record a fallback (warns once per class and reason on CUDA)."""
+        if isinstance(like, (tuple, list)):
+            like = like[0]
+        if isinstance(like, Tensor) and like.is_cuda and not torch.compiler.is_compiling():
+            _warn_once(type(self), reason)
+
+    @property
+    def _fused_dropout(self) -> float:
+        """Attention dropout of this call (PyG applies it in training only)."""
+        return float(self.dropout) if self.training else 0.0
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(
+            f"pyg_dfgnn.nn.{type(self).__name__} cannot be compiled with TorchScript "
+            f"(torch.jit.script): its fused attention runs through a torch.library custom "
+            f"op and a Python graph cache. Use torch.compile(model) instead, or build the "
+            f"model from torch_geometric.nn.{type(self).__name__} and load this layer's "
+            f"state_dict into it.")
+
+
+# --------------------------------------------------------------------------- #
+# adjacency
+# --------------------------------------------------------------------------- #
+
+class Adjacency(NamedTuple):
+    """What a layer needs to know about its adjacency for one call."""
+
+    graph: CSRGraph
+    #: edge features PyG would use (looped, original edge order), or ``None``
+    edge_attr: Optional[Tensor]
+    #: the (looped) adjacency PyG returns with the attention weights; only
+    #: meaningful when requested with ``need_adj=True``
+    adj: Any
+
+
+def _graph_of(adj: Any, size=None, self_loops=None) -> CSRGraph:
+    return get_graph(adj, size, self_loops)
+
+
+# The conversion is Python (weak-reference cache, one host sync on a miss):
+# under torch.compile it runs eagerly, everything around it stays traceable.
+_graph_of_eager = torch.compiler.disable(_graph_of)
+
+
+def _cached_graph(adj: Any, size=None, self_loops=None) -> CSRGraph:
+    if torch.compiler.is_compiling():
+        return _graph_of_eager(adj, size, self_loops)
+    return get_graph(adj, size, self_loops)
+
+
+def _torch_sparse_values(adj: Tensor) -> Tensor:
+    return adj._values() if adj.layout == torch.sparse_coo else adj.values()
+
+
+def _pyg_loops(adj: Any, edge_attr: Optional[Tensor], fill_value: Any,
+               num_nodes: int) -> Tuple[Any, Optional[Tensor]]:
+    """PyG's ``remove_self_loops`` + ``add_self_loops`` (exactly, errors included)."""
+    adj, edge_attr = remove_self_loops(adj, edge_attr)
+    return add_self_loops(adj, edge_attr, fill_value=fill_value, num_nodes=num_nodes)
+
+
+def _torch_sparse_looped_graph(adj: Tensor, fill_value: Any, num_nodes: int) -> CSRGraph:
+    """Cached graph of a ``torch.sparse`` adjacency after PyG's self-loop handling
+    (``graph.adj`` holds the looped tensor; its indices, not values, are reused)."""
+    def build() -> CSRGraph:
+        looped, _ = _pyg_loops(adj, None, fill_value, num_nodes)
+        g = _graph.build_graph(looped)
+        g.adj = looped
+        return g
+    return _graph._cache.get(adj, ("pyg_dfgnn.nn:torch_sparse_loops",), build)
+
+
+_torch_sparse_looped_graph_eager = torch.compiler.disable(_torch_sparse_looped_graph)
+
+
+def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
+                  num_dst: Optional[int]) -> Tuple[int, int]:
+    """``(num_src, num_dst)`` exactly as PyG's ``propagate`` infers them."""
+    if isinstance(edge_index, EdgeIndex):
+        s = [edge_index.num_rows, edge_index.num_cols]
+    elif is_sparse_tensor(edge_index) or is_torch_sparse(edge_index):
+        s = [edge_index.size(1), edge_index.size(0)]
+    else:
+        s = [size[0], size[1]] if size is not None else [None, None]
+    if s[0] is None:
+        s[0] = num_src
+    if s[1] is None:
+        s[1] = num_dst
+    if s[0] is None:
+        s[0] = s[1]
+    if s[1] is None:
+        s[1] = s[0]
+    return int(s[0]), int(s[1])
+
+
+def check_sparse_loops(edge_index: Any, add_loops: bool, edge_dim: Optional[int]) -> None:
+    """PyG's GAT/GATv2 refuse self-loops + edge features on a ``SparseTensor``."""
+    if add_loops and is_sparse_tensor(edge_index) and edge_dim is not None:
+        raise NotImplementedError(
+            "The usage of 'edge_attr' and 'add_self_loops' "
+            "simultaneously is currently not yet supported for "
+            "'edge_index' in a 'SparseTensor' form")
+
+
+def implied_edge_attr(edge_index: Any, edge_attr: Optional[Tensor]) -> Optional[Tensor]:
+    """The edge features PyG's ``_collect`` sees: ``edge_attr`` or else the
+    values of a ``SparseTensor`` (any) / ``torch.sparse`` tensor (if not 1-D)."""
+    if edge_attr is not None:
+        return edge_attr
+    if is_sparse_tensor(edge_index):
+        return edge_index.storage.value()
+    if is_torch_sparse(edge_index):
+        v = _torch_sparse_values(edge_index)
+        return v if v.dim() > 1 else None
+    return None
+
+
+def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
+                      num_dst: Optional[int], *, loops: Optional[int] = None,
+                      fill_value: Any = None, edge_attr: Optional[Tensor] = None,
+                      use_edge_attr: bool = False, need_adj: bool = False) -> Adjacency:
+    """Adjacency of one layer call, following PyG's ``forward`` + ``propagate``.
+
+    Args:
+        edge_index: any adjacency PyG accepts.
+        size: ``propagate``'s ``size`` argument.
+        num_src, num_dst: rows of the source / destination features (or ``None``).
+        loops: ``None`` for no self-loops, else the ``num_nodes`` PyG passes to
+            ``add_self_loops`` (``set_diag`` for a ``SparseTensor``).
+        fill_value: ``add_self_loops``'s ``fill_value`` for looped edge features.
+        edge_attr: the ``edge_attr`` argument of the layer.
+        use_edge_attr: whether the layer consumes edge features at all
+            (``lin_edge is not None``); if not, none are prepared.
+        need_adj: also build the looped adjacency PyG returns with the
+            attention weights.
+    """
+    if is_sparse_tensor(edge_index):
+        if loops is not None:
+            graph = _cached_graph(edge_index, None, 0)  # torch_sparse.set_diag
+            adj = graph.adj
+        else:
+            graph = _cached_graph(edge_index)
+            adj = edge_index
+        ea = implied_edge_attr(adj, edge_attr) if use_edge_attr else None
+        return Adjacency(graph, ea, adj)
+
+    if is_torch_sparse(edge_index):
+        adj = edge_index
+        if loops is None:
+            graph = _cached_graph(edge_index)
+        elif edge_attr is not None or (use_edge_attr and
+                                       implied_edge_attr(edge_index, None) is not None):
+            # PyG's own functions (they refuse an explicit edge_attr here)
+            adj, edge_attr = _pyg_loops(edge_index, edge_attr, fill_value, loops)
+            graph = _cached_graph(adj)
+        else:
+            if torch.compiler.is_compiling():
+                graph = _torch_sparse_looped_graph_eager(edge_index, fill_value, loops)
+            else:
+                graph = _torch_sparse_looped_graph(edge_index, fill_value, loops)
+            adj = graph.adj
+        ea = implied_edge_attr(adj, edge_attr) if use_edge_attr else None
+        return Adjacency(graph, ea, adj)
+
+    if not isinstance(edge_index, Tensor):
+        raise ValueError(
+            '`MessagePassing.propagate` only supports integer tensors of '
+            'shape `[2, num_messages]`, `torch_sparse.SparseTensor` '
+            'or `torch.sparse.Tensor` for argument `edge_index`.')
+    ns, nd = resolve_sizes(edge_index, size, num_src, num_dst)
+    adj = edge_index
+    ea = edge_attr if use_edge_attr else None
+    if loops is None:
+        graph = _cached_graph(edge_index, (ns, nd))
+    else:
+        # graph.py applies remove/add_self_loops itself (cached, PyG's edge order)
+        graph = _cached_graph(edge_index, (ns, nd), loops)
+        if ea is not None or need_adj:
+            adj, ea = _pyg_loops(edge_index, ea, fill_value, loops)
+    return Adjacency(graph, ea, adj)
+
+
+# --------------------------------------------------------------------------- #
+# dtypes and return values
+# --------------------------------------------------------------------------- #
+
+def common_dtype(*tensors: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
+    """Cast the inputs of one fused call to one dtype.
+
+    Without autocast this is PyG's type promotion.  Under autocast the linear
+    layers produce half precision while parameter products promote to float32;
+    if any input is in the autocast dtype, the fused call runs in it (as a
+    matmul would).
+    """
+    present = [t for t in tensors if t is not None]
+    dt = functools.reduce(torch.promote_types, [t.dtype for t in present])
+    dev = present[0].device.type
+    if dt == torch.float32 and dev in ("cuda", "cpu", "xpu") and \
+            torch.is_autocast_enabled(dev):
+        low = torch.get_autocast_dtype(dev)
+        if any(t.dtype == low for t in present):  # some input came out of autocast
+            dt = low
+    return tuple(t if (t is None or t.dtype == dt) else t.to(dt) for t in tensors)
+
+
+def attention_weights(out: Tensor, adj: Any, alpha: Tensor) -> Any:
+    """GAT/GATv2's ``return_attention_weights`` result, in PyG's types."""
+    if is_sparse_tensor(adj):
+        return out, adj.set_value(alpha, layout='coo')
+    if is_torch_sparse(adj):
+        return out, (set_sparse_value(adj, alpha), alpha)
+    return out, (adj, alpha)

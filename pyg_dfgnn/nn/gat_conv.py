@@ -1,0 +1,135 @@
+"""Drop-in :class:`torch_geometric.nn.GATConv` running the fused GAT kernel."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+from torch import Tensor
+from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
+from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
+
+from ..ops import gat_attention
+from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
+                     common_dtype, resolve_adjacency)
+
+
+class GATConv(FusedAttentionMixin, _PyGGATConv):
+    r"""The graph attentional operator from the `"Graph Attention Networks"
+    <https://arxiv.org/abs/1710.10903>`_ paper, with PyG's exact interface.
+
+    A subclass of :class:`torch_geometric.nn.GATConv`: constructor, defaults,
+    parameters, :meth:`reset_parameters`, ``state_dict`` keys and ``repr`` are
+    PyG's own, so
+
+    .. code-block:: python
+
+        from pyg_dfgnn.nn import GATConv  # instead of torch_geometric.nn
+
+    is the only change a model needs.  The attention (score, edge softmax,
+    dropout, aggregation) runs as one fused op on a cached CSR view of the
+    graph (:func:`pyg_dfgnn.ops.gat_attention`); self-loops are added to that
+    cached view instead of to ``edge_index`` on every call.
+
+    Falls back to PyG's own message passing (same results, unfused) in
+    explain mode, with message-passing hooks, ``decomposed_layers > 1``,
+    ``flow="target_to_source"`` or a non-``"add"`` aggregation, when a
+    subclass overrides ``message``/``edge_update``/..., and under
+    :func:`torch.jit.trace`.
+
+    .. note::
+        With :obj:`return_attention_weights`, the returned weights are the
+        post-dropout coefficients in PyG's edge order, but detached from the
+        autograd graph.
+
+    See :class:`torch_geometric.nn.GATConv` for the arguments.
+    """
+
+    _pyg_cls = _PyGGATConv
+
+    def forward(  # noqa: F811
+        self,
+        x: Union[Tensor, OptPairTensor],
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        size: Size = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
+        r"""Runs the forward pass of the module (arguments as in PyG)."""
+        reason = self._fused_fallback_reason(x)
+        if reason is not None:
+            self._fused_fallback(reason, x)
+            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+
+        H, C = self.heads, self.out_channels
+        res: Optional[Tensor] = None
+
+        # Node transformations, verbatim from PyG:
+        if isinstance(x, Tensor):
+            assert x.dim() == 2, "Static graphs not supported in 'GATConv'"
+            if self.res is not None:
+                res = self.res(x)
+            if self.lin is not None:
+                x_src = x_dst = self.lin(x).view(-1, H, C)
+            else:
+                assert self.lin_src is not None and self.lin_dst is not None
+                x_src = self.lin_src(x).view(-1, H, C)
+                x_dst = self.lin_dst(x).view(-1, H, C)
+        else:
+            x_src, x_dst = x
+            assert x_src.dim() == 2, "Static graphs not supported in 'GATConv'"
+            if x_dst is not None and self.res is not None:
+                res = self.res(x_dst)
+            if self.lin is not None:
+                x_src = self.lin(x_src).view(-1, H, C)
+                if x_dst is not None:
+                    x_dst = self.lin(x_dst).view(-1, H, C)
+            else:
+                assert self.lin_src is not None and self.lin_dst is not None
+                x_src = self.lin_src(x_src).view(-1, H, C)
+                if x_dst is not None:
+                    x_dst = self.lin_dst(x_dst).view(-1, H, C)
+
+        alpha_src = (x_src * self.att_src).sum(dim=-1)
+        alpha_dst = None if x_dst is None else (x_dst * self.att_dst).sum(-1)
+
+        num_nodes: Optional[int] = None
+        if self.add_self_loops:
+            check_sparse_loops(edge_index, True, self.edge_dim)
+            num_nodes = x_src.size(0)
+            if x_dst is not None:
+                num_nodes = min(num_nodes, x_dst.size(0))
+            if size is not None and isinstance(edge_index, Tensor):
+                num_nodes = min(size)
+        adj = resolve_adjacency(
+            edge_index, size, x_src.size(0), None if x_dst is None else x_dst.size(0),
+            loops=num_nodes, fill_value=self.fill_value, edge_attr=edge_attr,
+            use_edge_attr=self.lin_edge is not None,
+            need_adj=bool(return_attention_weights))
+
+        alpha_edge: Optional[Tensor] = None
+        if adj.edge_attr is not None and adj.graph.num_edges > 0:
+            ea = adj.edge_attr
+            if ea.dim() == 1:
+                ea = ea.view(-1, 1)
+            ea = self.lin_edge(ea).view(-1, H, C)
+            alpha_edge = (ea * self.att_edge).sum(dim=-1)
+        if alpha_dst is None:  # bipartite without target features: a_dst = 0
+            alpha_dst = alpha_src.new_zeros(adj.graph.num_dst, H)
+
+        x_src, alpha_src, alpha_dst, alpha_edge = common_dtype(
+            x_src, alpha_src, alpha_dst, alpha_edge)
+        out, alpha = gat_attention(adj.graph, x_src, alpha_src, alpha_dst, alpha_edge,
+                                   self.negative_slope, self._fused_dropout,
+                                   bool(return_attention_weights))
+
+        if self.concat:
+            out = out.view(-1, self.heads * self.out_channels)
+        else:
+            out = out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+
+        if return_attention_weights:
+            return attention_weights(out, adj.adj, alpha)
+        return out

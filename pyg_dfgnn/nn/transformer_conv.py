@@ -1,0 +1,99 @@
+"""Drop-in :class:`torch_geometric.nn.TransformerConv` running the fused
+dot-product attention kernel."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.nn.conv.transformer_conv import TransformerConv as _PyGTransformerConv
+from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
+
+from ..ops import dot_attention
+from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
+                     implied_edge_attr, resolve_adjacency)
+
+
+class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
+    r"""The graph transformer operator from the `"Masked Label Prediction:
+    Unified Message Passing Model for Semi-Supervised Classification"
+    <https://arxiv.org/abs/2009.03509>`_ paper, with PyG's exact interface.
+
+    A subclass of :class:`torch_geometric.nn.TransformerConv`: PyG's own
+    ``forward`` (query/key/value projections, ``concat``, ``root_weight``,
+    the ``beta`` gate) runs unchanged; only :meth:`propagate` is replaced by
+    one fused op (:func:`pyg_dfgnn.ops.dot_attention`: scaled dot product,
+    edge softmax, dropout, aggregation, with the projected edge features
+    added to keys and values as in PyG) on a cached CSR view of the graph.
+    Falls back to PyG's own message passing where the fused path cannot
+    reproduce it (explain mode, hooks, ``decomposed_layers > 1``, ...; see
+    :class:`pyg_dfgnn.nn.GATConv`).
+
+    .. note::
+        With :obj:`return_attention_weights`, the returned weights are PyG's
+        pre-dropout coefficients in PyG's edge order, detached from the
+        autograd graph.
+
+    See :class:`torch_geometric.nn.TransformerConv` for the arguments.
+    """
+
+    _pyg_cls = _PyGTransformerConv
+
+    #: set by :meth:`forward` for the duration of one call: whether PyG's
+    #: ``forward`` will return the attention weights (``self._alpha``)
+    _fused_need_alpha: bool = False
+
+    def forward(  # noqa: F811
+        self,
+        x: Union[Tensor, PairTensor],
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
+        r"""Runs the forward pass of the module (PyG's, with a fused
+        :meth:`propagate`)."""
+        self._fused_need_alpha = isinstance(return_attention_weights, bool)
+        try:
+            return super().forward(x, edge_index, edge_attr, return_attention_weights)
+        finally:
+            self._fused_need_alpha = False
+
+    def propagate(self, edge_index: Adj, size: Optional[Tuple[int, int]] = None,
+                  **kwargs: Any) -> Tensor:
+        r"""Fused replacement of :meth:`MessagePassing.propagate` for the call
+        ``propagate(edge_index, query=..., key=..., value=..., edge_attr=...)``
+        made by PyG's ``forward``; sets ``self._alpha`` like PyG's ``message``
+        when the attention weights are requested."""
+        query, key, value = kwargs.get("query"), kwargs.get("key"), kwargs.get("value")
+        edge_attr = kwargs.get("edge_attr")
+        reason = self._fused_fallback_reason(query, key, value)
+        if reason is None and (not isinstance(query, Tensor) or set(kwargs) - {
+                "query", "key", "value", "edge_attr"}):
+            reason = "an unexpected propagate() call"
+        if reason is None and self.lin_edge is None and \
+                implied_edge_attr(edge_index, edge_attr) is not None:
+            reason = "edge features without 'edge_dim'"  # PyG adds them to values raw
+        if reason is not None:
+            self._fused_fallback(reason, query)
+            return generic_propagate(self, edge_index, size=size, **kwargs)
+
+        H, C = self.heads, self.out_channels
+        adj = resolve_adjacency(edge_index, size, key.size(0), query.size(0),
+                                edge_attr=edge_attr, use_edge_attr=self.lin_edge is not None)
+        edge: Optional[Tensor] = None
+        if self.lin_edge is not None:
+            assert adj.edge_attr is not None
+            edge = self.lin_edge(adj.edge_attr).view(-1, H, C)
+
+        q, k, v, edge = common_dtype(query, key, value, edge)
+        scale = 1.0 / math.sqrt(self.out_channels)
+        p = self._fused_dropout
+        need = self._fused_need_alpha
+        out, alpha = dot_attention(adj.graph, q, k, v, edge, scale, p, need and p == 0.0)
+        if need and p > 0.0:
+            # PyG returns the attention *before* dropout; recompute it undropped.
+            with torch.no_grad():
+                _, alpha = dot_attention(adj.graph, q, k, v, edge, scale, 0.0, True)
+        self._alpha = alpha
+        return out
