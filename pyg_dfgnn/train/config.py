@@ -1,0 +1,423 @@
+"""Training configuration: a schema of dataclasses, YAML loading, ``key=value`` overrides.
+
+Every key is declared below with its type, default and (where it applies) the
+allowed values.  :func:`load_config` reads a YAML file, applies command-line
+overrides (dotted keys, values parsed as YAML scalars) and validates the
+result, raising :class:`ConfigError` -- naming the key and what is allowed --
+for unknown keys, wrong types, bad choices or a missing data set, *before*
+anything is loaded or trained.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import yaml
+
+__all__ = ["ConfigError", "TrainConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
+           "SchedulerConfig", "EarlyStoppingConfig", "LogConfig", "CheckpointConfig",
+           "load_config", "config_from_dict", "apply_overrides", "parse_overrides",
+           "config_to_dict", "describe_schema"]
+
+DATASETS = ("PATTERN", "CLUSTER", "Cora", "CiteSeer", "PubMed",
+            "synthetic_uniform", "synthetic_powerlaw")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the key and the allowed values."""
+
+
+def _f(default, choices: Optional[Sequence] = None, help: str = "", **kw):
+    md = {"help": help}
+    if choices is not None:
+        md["choices"] = tuple(choices)
+    md.update(kw)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=md)
+    return field(default=default, metadata=md)
+
+
+# ----------------------------------------------------------------------------
+# schema
+# ----------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    name: Optional[str] = _f(None, DATASETS, "data set (required)", required=True)
+    root: str = _f("data/", help="data root: <root>/PATTERN, <root>/Cora/raw, ...")
+    source: str = _f("auto", ("auto", "pyg", "generated"),
+                     "PATTERN/CLUSTER: auto = PyG files if present else the built-in "
+                     "generator; pyg = require PyG files; generated = always generate")
+    download: bool = _f(False, help="let PyG download missing files (needs network)")
+    num_train: Optional[int] = _f(None, help="number of training graphs (SBM), default: all")
+    num_val: Optional[int] = _f(None, help="number of validation graphs (SBM)")
+    num_test: Optional[int] = _f(None, help="number of test graphs (SBM)")
+    gen_seed: Optional[int] = _f(0, help="seed of the SBM / synthetic generator "
+                                         "(null = the run's seed)")
+    num_workers: int = _f(0, help="DataLoader worker processes")
+    # synthetic graphs (scale runs)
+    num_nodes: int = _f(100_000, help="synthetic: number of nodes")
+    num_edges: int = _f(1_000_000, help="synthetic: number of edges")
+    max_degree: int = _f(10_000, help="synthetic_powerlaw: largest (super node) degree")
+    num_features: int = _f(64, help="synthetic: feature width")
+    num_classes: int = _f(8, help="synthetic: number of classes")
+
+
+@dataclass
+class ModelConfig:
+    name: str = _f("gat", ("gat", "gt", "agnn"),
+                   "gat = GAT (benchmarking-gnns / Velickovic); gt = Graph Transformer "
+                   "(Dwivedi & Bresson); agnn = AGNN (Thekumparampil et al.)")
+    hidden: int = _f(128, help="hidden width (all heads together); per head = hidden / heads")
+    heads: int = _f(8, help="attention heads (gat, gt)")
+    layers: int = _f(4, help="number of attention layers")
+    out_dim: Optional[int] = _f(None, help="width of the last attention layer (default: hidden)")
+    out_heads: int = _f(1, help="gat with readout=conv: heads of the output layer (averaged)")
+    dropout: float = _f(0.0, help="feature dropout between layers")
+    attn_dropout: float = _f(0.0, help="dropout on attention coefficients (gat, gt)")
+    in_dropout: float = _f(0.0, help="dropout on the input features / embedding")
+    batch_norm: bool = _f(True, help="BatchNorm after each layer")
+    layer_norm: bool = _f(False, help="LayerNorm after each layer (gt)")
+    residual: bool = _f(True, help="residual connections")
+    readout: str = _f("mlp", ("mlp", "linear", "conv"),
+                      "node classifier: mlp = benchmarking-gnns MLPReadout (3 layers), "
+                      "linear = one Linear, conv = the last GATConv outputs the classes (gat)")
+    self_loops: bool = _f(True, help="add self-loops inside GATConv / AGNNConv")
+    lap_pe: bool = _f(False, help="gt: add Laplacian eigenvector positional encodings")
+    lap_pe_dim: int = _f(2, help="gt: number of Laplacian eigenvectors")
+    agnn_fixed_first: bool = _f(False, help="agnn: first propagation layer has a fixed beta")
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = _f("adam", ("adam", "adamw", "sgd"))
+    lr: float = _f(1e-3, help="learning rate")
+    weight_decay: float = _f(0.0)
+    momentum: float = _f(0.9, help="sgd only")
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = _f("plateau", ("none", "plateau", "cosine", "step"),
+                   "plateau = ReduceLROnPlateau on the validation loss")
+    factor: float = _f(0.5, help="plateau/step: LR multiplier")
+    patience: int = _f(5, help="plateau: epochs without improvement before reducing")
+    min_lr: float = _f(1e-5, help="lowest LR (plateau floor, cosine eta_min)")
+    step_size: int = _f(50, help="step: epochs between reductions")
+    stop_at_min_lr: bool = _f(True, help="plateau: stop training once the LR reaches "
+                                         "min_lr (benchmarking-gnns)")
+
+
+@dataclass
+class EarlyStoppingConfig:
+    patience: int = _f(0, help="stop after this many epochs without val improvement (0 = off)")
+    monitor: str = _f("val_loss", ("val_loss", "val_metric"))
+    min_delta: float = _f(0.0)
+
+
+@dataclass
+class LogConfig:
+    progress: bool = _f(True, help="tqdm progress bar per epoch (only on a tty)")
+    every: int = _f(1, help="print the epoch line every N epochs")
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = _f(True, help="write checkpoint_last.pt / checkpoint_best.pt to out_dir")
+    monitor: str = _f("val_metric", ("val_metric", "val_loss"),
+                      "what defines the best checkpoint")
+
+
+@dataclass
+class TrainConfig:
+    name: str = _f("run", help="run name (used in the default out_dir)")
+    seed: int = _f(41, help="training seed (model init, shuffling, dropout)")
+    device: str = _f("auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    backend: str = _f("fused", ("fused", "pyg"),
+                      "fused = pyg_dfgnn.nn layers, pyg = torch_geometric.nn layers")
+    epochs: int = _f(100, help="maximum number of epochs")
+    batch_size: int = _f(128, help="graphs per mini-batch (graph data sets)")
+    out_dir: str = _f("runs/{name}", help="output directory ({name} is substituted)")
+    resume: Union[bool, str, None] = _f(None, help="true = out_dir/checkpoint_last.pt, "
+                                                   "or a checkpoint path")
+    time_limit_min: Optional[float] = _f(None, help="stop after this many minutes")
+    eval_test_every: int = _f(0, help="evaluate the test split every N epochs (0 = only "
+                                      "at the end)")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def resolved_out_dir(self) -> str:
+        return self.out_dir.replace("{name}", self.name)
+
+
+# ----------------------------------------------------------------------------
+# type checking
+# ----------------------------------------------------------------------------
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Union:
+        return " or ".join("null" if a is type(None) else _type_name(a)
+                           for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value, tp, key: str):
+    """Return ``value`` converted to ``tp`` or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin is Union:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got "
+                          f"{type(value).__name__} {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        # YAML 1.1 reads "1e-3" as a string; accept it as a number
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:  # pragma: no cover - schema uses only the types above
+        return value
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} "
+                      f"{value!r}")
+
+
+def _hints(cls) -> Dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _allowed_keys_msg(cls, prefix: str) -> str:
+    names = [f.name for f in dataclasses.fields(cls)]
+    where = f"'{prefix.rstrip('.')}'" if prefix else "the top level"
+    return f"allowed keys in {where}: {', '.join(names)}"
+
+
+def _unknown_key(key: str, cls, prefix: str) -> ConfigError:
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+    return ConfigError(f"unknown key '{prefix}{key}'{hint}; {_allowed_keys_msg(cls, prefix)}")
+
+
+def _build(cls, raw: Any, prefix: str = ""):
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping of keys, "
+                          f"got {type(raw).__name__} {raw!r}; {_allowed_keys_msg(cls, prefix)}")
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        key = str(key)
+        if key not in fields:
+            raise _unknown_key(key, cls, prefix)
+        tp = hints[key]
+        full = prefix + key
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, full + ".")
+            continue
+        v = _coerce(value, tp, full)
+        choices = fields[key].metadata.get("choices")
+        if choices is not None and v is not None:
+            match = [c for c in choices if str(c).lower() == str(v).lower()]
+            if not match:
+                raise ConfigError(f"{full}: {v!r} is not allowed; choose one of: "
+                                  f"{', '.join(map(str, choices))}")
+            v = match[0]
+        kwargs[key] = v
+    for name in fields:  # absent sections still get their required keys checked
+        if name not in kwargs and dataclasses.is_dataclass(hints[name]):
+            kwargs[name] = _build(hints[name], {}, prefix + name + ".")
+    obj = cls(**kwargs)
+    for name, f in fields.items():
+        if f.metadata.get("required") and getattr(obj, name) is None:
+            choices = f.metadata.get("choices")
+            allowed = f"; choose one of: {', '.join(choices)}" if choices else ""
+            raise ConfigError(f"{prefix}{name} is required (missing){allowed}")
+    return obj
+
+
+def _validate(cfg: TrainConfig) -> None:
+    m, d = cfg.model, cfg.data
+
+    def positive(key, v, allow_zero=False):
+        if v is None:
+            return
+        if v < 0 or (v == 0 and not allow_zero):
+            raise ConfigError(f"{key}: must be {'>= 0' if allow_zero else '> 0'}, got {v}")
+
+    for key, v in (("epochs", cfg.epochs), ("batch_size", cfg.batch_size),
+                   ("model.hidden", m.hidden), ("model.heads", m.heads),
+                   ("model.layers", m.layers), ("model.out_dim", m.out_dim),
+                   ("model.out_heads", m.out_heads), ("model.lap_pe_dim", m.lap_pe_dim),
+                   ("optimizer.lr", cfg.optimizer.lr), ("log.every", cfg.log.every)):
+        positive(key, v)
+    for key, v in (("data.num_train", d.num_train), ("data.num_val", d.num_val),
+                   ("data.num_test", d.num_test), ("data.num_workers", d.num_workers),
+                   ("eval_test_every", cfg.eval_test_every),
+                   ("early_stopping.patience", cfg.early_stopping.patience),
+                   ("optimizer.weight_decay", cfg.optimizer.weight_decay)):
+        positive(key, v, allow_zero=True)
+    for key, v in (("model.dropout", m.dropout), ("model.attn_dropout", m.attn_dropout),
+                   ("model.in_dropout", m.in_dropout)):
+        if not 0.0 <= v < 1.0:
+            raise ConfigError(f"{key}: must be in [0, 1), got {v}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+        raise ConfigError(f"device: {cfg.device!r} is not allowed; choose one of: auto, cpu, "
+                          "cuda, cuda:N")
+    if m.name in ("gat", "gt") and m.hidden % m.heads:
+        raise ConfigError(f"model.hidden ({m.hidden}) must be divisible by model.heads "
+                          f"({m.heads}) for model.name={m.name}")
+    if m.name == "gt" and (m.out_dim or m.hidden) % m.heads:
+        raise ConfigError(f"model.out_dim ({m.out_dim}) must be divisible by model.heads "
+                          f"({m.heads}) for model.name=gt")
+    if m.readout == "conv" and m.name != "gat":
+        raise ConfigError(f"model.readout=conv is only available for model.name=gat; "
+                          f"choose mlp or linear for {m.name}")
+    if m.lap_pe and m.name != "gt":
+        raise ConfigError("model.lap_pe=true is only available for model.name=gt")
+    if m.lap_pe and d.name not in ("PATTERN", "CLUSTER"):
+        raise ConfigError("model.lap_pe=true needs a graph data set (PATTERN or CLUSTER)")
+    if d.source == "generated" and d.name not in ("PATTERN", "CLUSTER"):
+        raise ConfigError(f"data.source=generated is only available for PATTERN and CLUSTER, "
+                          f"not {d.name}")
+    if isinstance(cfg.resume, str) and not cfg.resume:
+        raise ConfigError("resume: empty path; use true, false/null or a checkpoint path")
+
+
+# ----------------------------------------------------------------------------
+# overrides
+# ----------------------------------------------------------------------------
+def parse_overrides(items: Sequence[str]) -> List[tuple]:
+    """``["model.heads=8", "out_dir=/tmp/x"]`` -> ``[("model.heads", 8), ("out_dir", "/tmp/x")]``."""
+    out = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value "
+                              "(e.g. model.heads=8)")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        if not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"override {item!r}: empty key")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: cannot parse the value ({e})") from None
+        if isinstance(value, (dict, list)):
+            value = text  # keep compound-looking text as a string; schema decides
+        out.append((key, value))
+    return out
+
+
+def apply_overrides(raw: Dict[str, Any], overrides: Sequence[tuple]) -> Dict[str, Any]:
+    """Set dotted keys in the nested dict ``raw`` (a copy is returned)."""
+    raw = copy.deepcopy(raw) if raw else {}
+    for key, value in overrides:
+        parts = key.split(".")
+        node, cls, prefix = raw, TrainConfig, ""
+        for i, p in enumerate(parts):
+            names = {f.name: f for f in dataclasses.fields(cls)}
+            if p not in names:
+                raise _unknown_key(p, cls, prefix)
+            tp = _hints(cls)[p]
+            last = i == len(parts) - 1
+            if dataclasses.is_dataclass(tp):
+                if last:
+                    raise ConfigError(f"'{prefix}{p}' is a section; set its keys with "
+                                      f"{prefix}{p}.<key>=value "
+                                      f"({_allowed_keys_msg(tp, prefix + p + '.')})")
+                sub = node.get(p)
+                if not isinstance(sub, dict):
+                    sub = {}
+                    node[p] = sub
+                node, cls, prefix = sub, tp, prefix + p + "."
+            else:
+                if not last:
+                    raise ConfigError(f"'{prefix}{p}' is not a section; cannot set "
+                                      f"'{key}'")
+                node[p] = value
+    return raw
+
+
+# ----------------------------------------------------------------------------
+# entry points
+# ----------------------------------------------------------------------------
+def config_from_dict(raw: Dict[str, Any]) -> TrainConfig:
+    cfg = _build(TrainConfig, raw)
+    _validate(cfg)
+    return cfg
+
+
+def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read ``path`` (YAML), apply ``key=value`` overrides, validate."""
+    raw: Dict[str, Any] = {}
+    if path is not None:
+        if not os.path.exists(path):
+            raise ConfigError(f"config file not found: {path}")
+        with open(path) as f:
+            try:
+                raw = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: invalid YAML ({e})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    raw = apply_overrides(raw, parse_overrides(list(overrides)))
+    return config_from_dict(raw)
+
+
+def config_to_dict(cfg) -> Dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def describe_schema(cls=TrainConfig, prefix: str = "") -> List[str]:
+    """Lines ``key: type = default  [choices]  help`` for documentation / --help."""
+    lines = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{prefix}{f.name}:")
+            lines.extend(describe_schema(tp, prefix + f.name + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        choices = f.metadata.get("choices")
+        ch = f"  [{' | '.join(map(str, choices))}]" if choices else ""
+        hl = f.metadata.get("help", "")
+        lines.append(f"  {prefix}{f.name}: {_type_name(tp)} = {default!r}{ch}"
+                     + (f"  -- {hl}" if hl else ""))
+    return lines
