@@ -1,0 +1,229 @@
+"""Shared harness of the layer tests: random graphs in every adjacency format
+PyG accepts, and a forward + backward equivalence check of a PyG layer and
+its drop-in replacement with identical weights."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import pytest
+import torch
+from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
+
+try:
+    from torch_sparse import SparseTensor
+except Exception:  # pragma: no cover - optional dependency
+    SparseTensor = None
+
+#: exceptions raised alike by PyG and ours (for inspection)
+ERRORS: list = []
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+
+#: cpu always; cuda runs the same parametrisation on a GPU machine
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=needs_cuda)]
+
+#: adjacency formats of :func:`make_adj`
+FORMATS = ["edge_index", "dst_sorted", "EdgeIndex", "EdgeIndex_csc", "torch_csr",
+           "torch_coo", "SparseTensor"]
+
+SPARSE_FORMATS = ("torch_csr", "torch_coo", "SparseTensor")
+
+# float64 on CPU (the reference ops compute in float64), float32 on CUDA
+TOL = {torch.float64: dict(rtol=1e-5, atol=1e-8), torch.float32: dict(rtol=1e-5, atol=1e-5),
+       torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def dtype_for(device: str) -> torch.dtype:
+    return torch.float64 if device == "cpu" else torch.float32
+
+
+def random_edge_index(num_src: int, num_dst: int, num_edges: int, seed: int = 0,
+                      device: str = "cpu") -> Tensor:
+    """Random edges with duplicates, (for square graphs) self-loops and a
+    destination node without incoming edges."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_src, (num_edges,), generator=g)
+    dst = torch.randint(0, max(num_dst - 1, 1), (num_edges,), generator=g)  # last: in-deg 0
+    ei = torch.stack([src, dst])
+    if num_edges >= 4:
+        ei[:, 1] = ei[:, 0]                     # a duplicate edge
+        if num_src == num_dst:
+            ei[1, 2] = ei[0, 2]                 # self-loops
+            ei[1, 3] = ei[0, 3]
+    return ei.to(device)
+
+
+def make_adj(ei: Tensor, fmt: str, num_src: int, num_dst: int) -> Tuple[Any, int]:
+    """``ei`` in format ``fmt``; returns ``(adjacency, number of stored edges)``."""
+    if fmt == "edge_index":
+        return ei, ei.size(1)
+    if fmt == "dst_sorted":
+        return ei[:, torch.argsort(ei[1], stable=True)], ei.size(1)
+    if fmt == "EdgeIndex":
+        return EdgeIndex(ei, sparse_size=(num_src, num_dst)), ei.size(1)
+    if fmt == "EdgeIndex_csc":
+        return EdgeIndex(ei, sparse_size=(num_src, num_dst)).sort_by("col")[0], ei.size(1)
+    if fmt == "torch_csr":
+        adj = to_torch_csr_tensor(ei.flip(0), size=(num_dst, num_src))
+        return adj, adj._nnz()
+    if fmt == "torch_coo":
+        adj = to_torch_coo_tensor(ei.flip(0), size=(num_dst, num_src))
+        return adj, adj._nnz()
+    if fmt == "SparseTensor":
+        if SparseTensor is None:
+            pytest.skip("torch_sparse is not installed")
+        adj = SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(num_dst, num_src))
+        return adj, adj.nnz()
+    raise ValueError(fmt)
+
+
+# --------------------------------------------------------------------------- #
+# comparison
+# --------------------------------------------------------------------------- #
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, Tensor) and not obj.is_sparse and obj.layout == torch.strided \
+            and obj.is_floating_point():
+        return obj.detach().clone().requires_grad_(obj.requires_grad)
+    if isinstance(obj, tuple):
+        return tuple(_clone(o) for o in obj)
+    if isinstance(obj, list):
+        return [_clone(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    return obj
+
+
+def assert_same(a: Any, b: Any, rtol: float, atol: float, what: str = "output") -> None:
+    """Recursive comparison of PyG's (``a``) and our (``b``) return values."""
+    if isinstance(a, (tuple, list)):
+        assert isinstance(b, (tuple, list)) and len(a) == len(b), what
+        for i, (u, v) in enumerate(zip(a, b)):
+            assert_same(u, v, rtol, atol, f"{what}[{i}]")
+        return
+    if SparseTensor is not None and isinstance(a, SparseTensor):
+        assert isinstance(b, SparseTensor), what
+        ra, ca, va = a.coo()
+        rb, cb, vb = b.coo()
+        assert torch.equal(ra, rb) and torch.equal(ca, cb), what
+        assert_same(va, vb, rtol, atol, what + ".value")
+        assert a.sparse_sizes() == b.sparse_sizes(), what
+        return
+    if a is None:
+        assert b is None, what
+        return
+    assert isinstance(b, Tensor), f"{what}: {type(b)}"
+    if a.layout != torch.strided:
+        assert b.layout == a.layout, what
+        torch.testing.assert_close(b.to_dense().float(), a.to_dense().float(),
+                                   rtol=rtol, atol=atol, msg=what)
+        return
+    assert type(a) is type(b), f"{what}: {type(a).__name__} vs {type(b).__name__}"
+    if not a.is_floating_point():
+        assert torch.equal(a.as_subclass(Tensor), b.as_subclass(Tensor)), what
+        return
+    assert a.shape == b.shape, f"{what}: {a.shape} vs {b.shape}"
+    assert not torch.isnan(b).any(), f"{what}: NaN"
+    torch.testing.assert_close(b.detach().to(a.dtype), a.detach(), rtol=rtol, atol=atol,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def _first(out: Any) -> Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _inputs_requiring_grad(obj: Any, acc: list) -> list:
+    if isinstance(obj, Tensor) and obj.requires_grad:
+        acc.append(obj)
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            _inputs_requiring_grad(o, acc)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _inputs_requiring_grad(o, acc)
+    return acc
+
+
+def build_pair(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any], dtype, device,
+               warmup: Optional[Callable[[torch.nn.Module], Any]] = None
+               ) -> Tuple[torch.nn.Module, torch.nn.Module]:
+    """PyG's layer and ours with identical weights (ours loads PyG's state)."""
+    torch.manual_seed(12345)
+    ref = pyg_cls(**kwargs)
+    torch.manual_seed(54321)  # different init: the weights must come from PyG's
+    ours = our_cls(**kwargs)
+    ref, ours = ref.to(device, dtype), ours.to(device, dtype)
+    if warmup is not None:  # materialise lazy (-1) parameters
+        with torch.no_grad():
+            warmup(ref)
+            warmup(ours)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def check_equivalence(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any], args: Sequence,
+                      call_kwargs: Optional[Dict[str, Any]] = None, *,
+                      device: str = "cpu", dtype=None, train: bool = False,
+                      backward: bool = True, lazy: bool = False,
+                      fallback: Optional[str] = None) -> Tuple[Any, Any]:
+    """Forward (all return values) and backward (all parameter and input
+    gradients) of PyG's layer and ours must agree; an exception raised by
+    PyG must be raised by ours too.  ``args`` must already be on ``device``.
+
+    Ours must take the fused path, unless ``fallback`` names (a part of) the
+    expected fallback reason."""
+    dtype = dtype or dtype_for(device)
+    call_kwargs = call_kwargs or {}
+    tol = TOL[dtype]
+    warm = (lambda m: m(*_clone(args), **_clone(call_kwargs))) if lazy else None
+    ref, ours = build_pair(pyg_cls, our_cls, kwargs, dtype, device, warm)
+    ref.train(train)
+    ours.train(train)
+    reasons: list = []
+    ours._fused_fallback = lambda reason, like: reasons.append(reason)
+    args_r, kw_r = _clone(args), _clone(call_kwargs)
+    args_o, kw_o = _clone(args), _clone(call_kwargs)
+    try:
+        out_r = ref(*args_r, **kw_r)
+    except Exception as e:  # PyG refuses: so must we
+        with pytest.raises(type(e)):
+            ours(*args_o, **kw_o)
+        ERRORS.append(repr(e)[:80])
+        return None, None
+    out_o = ours(*args_o, **kw_o)
+    if fallback is None:
+        assert not reasons, f"unexpected fallback: {reasons}"
+    else:
+        assert reasons and fallback in reasons[0], reasons
+    assert_same(out_r, out_o, **tol)
+    if backward:
+        y_r, y_o = _first(out_r), _first(out_o)
+        w = torch.randn(y_r.shape, generator=torch.Generator().manual_seed(7),
+                        dtype=torch.float64).to(device, y_r.dtype)
+        (y_r * w).sum().backward()
+        (y_o * w.to(y_o.dtype)).sum().backward()
+        for (n, p_r), (n2, p_o) in zip(ref.named_parameters(), ours.named_parameters()):
+            assert n == n2
+            if p_r.grad is None:
+                assert p_o.grad is None or not p_o.grad.any(), f"grad {n}"
+            else:
+                assert p_o.grad is not None, f"grad {n} missing"
+                assert_same(p_r.grad, p_o.grad, what=f"grad {n}", **tol)
+        for i, (g_r, g_o) in enumerate(zip(_inputs_requiring_grad((args_r, kw_r), []),
+                                           _inputs_requiring_grad((args_o, kw_o), []))):
+            assert_same(g_r.grad, g_o.grad, what=f"input grad {i}", **tol)
+    return out_r, out_o
+
+
+def feats(n: int, f: int, device: str, dtype=None, seed: int = 0) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, f, generator=g, dtype=torch.float64).to(
+        device, dtype or dtype_for(device)).requires_grad_()
+
+
+def deepcopy_module(m: torch.nn.Module) -> torch.nn.Module:
+    return copy.deepcopy(m)

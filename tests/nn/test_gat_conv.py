@@ -1,0 +1,189 @@
+"""pyg_dfgnn.nn.GATConv against torch_geometric.nn.GATConv."""
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+
+from pyg_dfgnn.nn import GATConv
+
+from ._equiv import (DEVICES, FORMATS, SPARSE_FORMATS, SparseTensor, check_equivalence,
+                     feats, make_adj, random_edge_index)
+
+N, F_IN, E = 12, 8, 40
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("edge_dim", [None, 4])
+@pytest.mark.parametrize("loops", [True, False])
+@pytest.mark.parametrize("concat", [True, False])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_core(device, heads, concat, loops, edge_dim):
+    ei = random_edge_index(N, N, E, seed=heads, device=device)
+    x = feats(N, F_IN, device)
+    ea = feats(E, 4, device, seed=1) if edge_dim else None
+    kw = dict(in_channels=F_IN, out_channels=5, heads=heads, concat=concat,
+              add_self_loops=loops, edge_dim=edge_dim, dropout=0.4)  # eval: inactive
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (x, ei), dict(edge_attr=ea),
+                      device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ret", [False, True])
+@pytest.mark.parametrize("bipartite", [False, True])
+@pytest.mark.parametrize("edge_dim", [None, 3])
+@pytest.mark.parametrize("loops", [True, False])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_formats(device, fmt, loops, edge_dim, bipartite, ret):
+    ns, nd = (10, 7) if bipartite else (N, N)
+    adj, ne = make_adj(random_edge_index(ns, nd, E, seed=3, device=device), fmt, ns, nd)
+    x = (feats(ns, F_IN, device), feats(nd, 6, device, seed=2)) if bipartite else \
+        feats(N, F_IN, device)
+    ea = feats(ne, 3, device, seed=1) if edge_dim else None
+    kw = dict(in_channels=(F_IN, 6) if bipartite else F_IN, out_channels=4, heads=2,
+              add_self_loops=loops, edge_dim=edge_dim)
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (x, adj),
+                      dict(edge_attr=ea, return_attention_weights=True if ret else None),
+                      device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("loops", [True, False])
+@pytest.mark.parametrize("case", ["shared_lin", "dst_none", "size", "size_dst_none"])
+def test_pairs_and_size(device, case, loops):
+    ns, nd = 10, 7
+    ei = random_edge_index(ns, nd, E, seed=4, device=device)
+    xs, xd = feats(ns, F_IN, device), feats(nd, F_IN, device, seed=5)
+    kw = dict(in_channels=F_IN, out_channels=4, heads=3, add_self_loops=loops)
+    call = dict(return_attention_weights=True)
+    if case == "shared_lin":
+        x = (xs, xd)
+    elif case == "dst_none":
+        x = (xs, None)
+    elif case == "size":
+        x = (xs, xd)
+        call["size"] = (ns, nd)
+    else:
+        x = (xs, None)
+        call["size"] = (ns, ns)
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (x, ei), call, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", 0.5])
+@pytest.mark.parametrize("options", [dict(residual=True), dict(bias=False),
+                                     dict(residual=True, concat=False, bias=False)])
+def test_options(device, fill_value, options):
+    ei = random_edge_index(N, N, E, seed=6, device=device)
+    x = feats(N, F_IN, device)
+    ea = feats(E, 2, device, seed=1)
+    kw = dict(in_channels=F_IN, out_channels=4, heads=2, edge_dim=2, fill_value=fill_value,
+              negative_slope=0.1, **options)
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (x, ei), dict(edge_attr=ea),
+                      device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_dim_edge_attr_and_tensor_fill(device):
+    ei = random_edge_index(N, N, E, seed=6, device=device)
+    x = feats(N, F_IN, device)
+    ea = feats(E, 1, device, seed=1).view(-1).detach().requires_grad_()
+    kw = dict(in_channels=F_IN, out_channels=4, heads=2, edge_dim=1,
+              fill_value=torch.tensor([0.25], dtype=x.dtype, device=device))
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (x, ei), dict(edge_attr=ea),
+                      device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["SparseTensor", "torch_csr", "torch_coo"])
+def test_sparse_values_as_edge_attr(device, fmt):
+    """PyG uses the values of a SparseTensor (and multi-dim values of a
+    torch.sparse tensor) as ``edge_attr`` when none is given."""
+    ei = random_edge_index(N, N, E, seed=7, device=device)
+    x = feats(N, F_IN, device)
+    adj, ne = make_adj(ei, fmt, N, N)
+    vals = feats(ne, 3, device, seed=2).detach()
+    if fmt == "SparseTensor":
+        adj = adj.set_value(vals, layout="csr")
+    else:
+        adj = torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(), vals,
+                                      (N, N, 3)) if fmt == "torch_csr" else \
+            torch.sparse_coo_tensor(adj._indices(), vals, (N, N, 3)).coalesce()
+    kw = dict(in_channels=F_IN, out_channels=4, heads=2, edge_dim=3, add_self_loops=False)
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (x, adj), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lazy_in_channels(device):
+    ns, nd = 10, 7
+    ei = random_edge_index(ns, nd, E, seed=8, device=device)
+    x = (feats(ns, F_IN, device), feats(nd, 5, device, seed=3))
+    kw = dict(in_channels=(-1, -1), out_channels=4, heads=2, residual=True)
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (x, ei), device=device, lazy=True)
+    kw = dict(in_channels=-1, out_channels=4, heads=2)
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (feats(N, F_IN, device),
+                      random_edge_index(N, N, E, device=device)), device=device, lazy=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("loops", [True, False])
+def test_empty_graphs(device, loops):
+    kw = dict(in_channels=F_IN, out_channels=4, heads=2, add_self_loops=loops, edge_dim=2)
+    no_edges = torch.empty(2, 0, dtype=torch.long, device=device)
+    ea = feats(0, 2, device)
+    # zero edges: zero in-degree everywhere (no NaN), bias only
+    out, ours = check_equivalence(pyg_nn.GATConv, GATConv, kw, (feats(N, F_IN, device),
+                                  no_edges), dict(edge_attr=ea), device=device)
+    assert torch.isfinite(ours).all()
+    # zero nodes
+    check_equivalence(pyg_nn.GATConv, GATConv, kw, (feats(0, F_IN, device), no_edges),
+                      dict(edge_attr=ea), device=device)
+
+
+def test_dropout_training_statistics():
+    """Attention dropout in training: masks differ from PyG's, but the output
+    is random and unbiased (inverted dropout), the returned weights are the
+    post-dropout ones, and eval mode is deterministic again."""
+    torch.manual_seed(0)
+    ei = random_edge_index(N, N, 60, seed=9)
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    conv = GATConv(F_IN, 4, heads=2, dropout=0.5).double()
+    conv.eval()
+    expect, (_, alpha_eval) = conv(x, ei, return_attention_weights=True)
+    conv.train()
+    with torch.no_grad():
+        outs = torch.stack([conv(x, ei) for _ in range(150)])
+        out1, (_, alpha1) = conv(x, ei, return_attention_weights=True)
+    assert not torch.allclose(outs[0], outs[1])
+    assert not torch.allclose(outs[0], expect)
+    err = (outs.mean(0) - expect).abs().mean() / expect.abs().mean()
+    assert err < 0.1, err
+    dropped = alpha1 == 0
+    assert 0.3 < dropped.double().mean() < 0.7
+    torch.testing.assert_close(alpha1[~dropped], 2 * alpha_eval[~dropped])
+    conv.eval()
+    torch.testing.assert_close(conv(x, ei), expect)
+
+
+def test_state_dict_round_trip():
+    kw = dict(in_channels=(6, 5), out_channels=4, heads=3, edge_dim=2, residual=True)
+    ref, ours = pyg_nn.GATConv(**kw), GATConv(**kw)
+    assert list(ref.state_dict()) == list(ours.state_dict())
+    assert repr(ref) == repr(ours)
+    ours.load_state_dict(ref.state_dict())
+    ref2 = pyg_nn.GATConv(**kw)
+    ref2.load_state_dict(ours.state_dict())
+    for (k, a), b in zip(ref.state_dict().items(), ref2.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert isinstance(ours, pyg_nn.GATConv)
+
+
+def test_sparse_tensor_loops_with_edge_dim_raises():
+    if SparseTensor is None:
+        pytest.skip("torch_sparse is not installed")
+    ei = random_edge_index(N, N, E)
+    adj, _ = make_adj(ei, "SparseTensor", N, N)
+    with pytest.raises(NotImplementedError):
+        GATConv(F_IN, 4, edge_dim=2)(torch.randn(N, F_IN), adj)
+
+
+def test_formats_cover_sparse():
+    assert set(SPARSE_FORMATS) <= set(FORMATS)

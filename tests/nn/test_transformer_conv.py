@@ -1,0 +1,124 @@
+"""pyg_dfgnn.nn.TransformerConv against torch_geometric.nn.TransformerConv."""
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+
+from pyg_dfgnn.nn import TransformerConv
+
+from ._equiv import DEVICES, FORMATS, check_equivalence, feats, make_adj, random_edge_index
+
+N, F_IN, E = 12, 8, 40
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("edge_dim", [None, 4])
+@pytest.mark.parametrize("beta,root_weight", [(False, True), (True, True), (False, False)])
+@pytest.mark.parametrize("concat", [True, False])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_core(device, heads, concat, beta, root_weight, edge_dim):
+    ei = random_edge_index(N, N, E, seed=heads, device=device)
+    x = feats(N, F_IN, device)
+    ea = feats(E, 4, device, seed=1) if edge_dim else None
+    kw = dict(in_channels=F_IN, out_channels=5, heads=heads, concat=concat, beta=beta,
+              root_weight=root_weight, edge_dim=edge_dim, dropout=0.4)  # eval: inactive
+    check_equivalence(pyg_nn.TransformerConv, TransformerConv, kw, (x, ei),
+                      dict(edge_attr=ea), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ret", [False, True])
+@pytest.mark.parametrize("bipartite", [False, True])
+@pytest.mark.parametrize("edge_dim", [None, 3])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_formats(device, fmt, edge_dim, bipartite, ret):
+    ns, nd = (10, 7) if bipartite else (N, N)
+    adj, ne = make_adj(random_edge_index(ns, nd, E, seed=3, device=device), fmt, ns, nd)
+    x = (feats(ns, F_IN, device), feats(nd, 6, device, seed=2)) if bipartite else \
+        feats(N, F_IN, device)
+    ea = feats(ne, 3, device, seed=1) if edge_dim else None
+    kw = dict(in_channels=(F_IN, 6) if bipartite else F_IN, out_channels=4, heads=2,
+              edge_dim=edge_dim, beta=True)
+    check_equivalence(pyg_nn.TransformerConv, TransformerConv, kw, (x, adj),
+                      dict(edge_attr=ea, return_attention_weights=True if ret else None),
+                      device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bias_false_lazy_and_return_false(device):
+    ei = random_edge_index(N, N, E, seed=5, device=device)
+    x = feats(N, F_IN, device)
+    ea = feats(E, 2, device, seed=1)
+    kw = dict(in_channels=-1, out_channels=4, heads=2, bias=False, edge_dim=2)
+    # TransformerConv returns the weights for any bool, False included
+    out, _ = check_equivalence(pyg_nn.TransformerConv, TransformerConv, kw, (x, ei),
+                               dict(edge_attr=ea, return_attention_weights=False),
+                               device=device, lazy=True)
+    assert isinstance(out, tuple)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_graphs(device):
+    kw = dict(in_channels=F_IN, out_channels=4, heads=2, edge_dim=2)
+    no_edges = torch.empty(2, 0, dtype=torch.long, device=device)
+    ea = feats(0, 2, device)
+    _, ours = check_equivalence(pyg_nn.TransformerConv, TransformerConv, kw,
+                                (feats(N, F_IN, device), no_edges), dict(edge_attr=ea),
+                                device=device)
+    assert torch.isfinite(ours).all()
+    check_equivalence(pyg_nn.TransformerConv, TransformerConv, kw,
+                      (feats(0, F_IN, device), no_edges), dict(edge_attr=ea), device=device)
+
+
+def test_edge_attr_without_edge_dim_goes_to_pyg():
+    """PyG adds raw edge features to the values when ``edge_dim`` is None;
+    the fused path cannot, so it hands the call to PyG (identical result)."""
+    ei = random_edge_index(N, N, E)
+    x = feats(N, F_IN, "cpu")
+    check_equivalence(pyg_nn.TransformerConv, TransformerConv,
+                      dict(in_channels=F_IN, out_channels=4, heads=2), (x, ei),
+                      dict(edge_attr=feats(E, 4, "cpu")), fallback="edge_dim")
+
+
+def test_dropout_training_statistics():
+    """In training, the output uses dropped attention (unbiased), while the
+    returned weights are PyG's pre-dropout softmax."""
+    torch.manual_seed(0)
+    ei = random_edge_index(N, N, 60, seed=9)
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    conv = TransformerConv(F_IN, 4, heads=2, dropout=0.5, root_weight=False).double().eval()
+    expect, (_, alpha_eval) = conv(x, ei, return_attention_weights=True)
+    conv.train()
+    with torch.no_grad():
+        outs = torch.stack([conv(x, ei) for _ in range(150)])
+        _, (_, alpha1) = conv(x, ei, return_attention_weights=True)
+    assert not torch.allclose(outs[0], outs[1])
+    err = (outs.mean(0) - expect).abs().mean() / expect.abs().mean()
+    assert err < 0.15, err
+    torch.testing.assert_close(alpha1, alpha_eval)
+    assert conv._alpha is None
+
+
+def test_state_dict_round_trip():
+    kw = dict(in_channels=(6, 5), out_channels=4, heads=3, edge_dim=2, beta=True)
+    ref, ours = pyg_nn.TransformerConv(**kw), TransformerConv(**kw)
+    assert list(ref.state_dict()) == list(ours.state_dict())
+    assert repr(ref) == repr(ours)
+    ours.load_state_dict(ref.state_dict())
+    ref2 = pyg_nn.TransformerConv(**kw)
+    ref2.load_state_dict(ours.state_dict())
+    for (k, a), b in zip(ref.state_dict().items(), ref2.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+@pytest.mark.parametrize("fmt", ["edge_index", "SparseTensor"])
+def test_direct_propagate_call(fmt):
+    """Calling ``propagate`` directly (as a subclass's forward might) works."""
+    ei = random_edge_index(N, N, E)
+    adj, _ = make_adj(ei, fmt, N, N)
+    ref, ours = (cls(F_IN, 4, heads=2).double() for cls in
+                 (pyg_nn.TransformerConv, TransformerConv))
+    ours.load_state_dict(ref.state_dict())
+    q, k, v = (torch.randn(N, 2, 4, dtype=torch.float64) for _ in range(3))
+    a = ref.propagate(adj, query=q, key=k, value=v, edge_attr=None)
+    b = ours.propagate(adj, query=q, key=k, value=v, edge_attr=None)
+    torch.testing.assert_close(a, b)
