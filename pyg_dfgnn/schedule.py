@@ -1,21 +1,31 @@
 """Dynamic bi-level schedule: how the fused kernels map threads to a graph.
 
 Level 1 (graph): the rows of the destination-major CSR (and the columns of its
-transpose, for backward) are split once per graph into work items.  Ordinary
-rows are one item each; a *super row* whose degree exceeds ``split`` edges is
-cut into segments of ``split`` edges computed in parallel by many warps, each
+transpose, for backward) become *work items* once per graph.  Ordinary rows
+are one item each; a *super row* whose degree exceeds ``split`` edges is cut
+into segments of ``split`` edges that many groups process in parallel, each
 writing a partial (max, sum, accumulator) that a light second pass merges
-(DF-GNN's parallelism-maximisation fusion, split-K style).
+(DF-GNN's parallelism-maximisation fusion, split-K style).  Segments are
+placed first so that the longest items start first.  Graphs without super
+rows get no work list at all (the kernel walks ``rowptr`` directly).
 
-Level 2 (row): inside each item the kernel maps a *group* of ``group`` lanes
-to one (row, head): small feature sizes pack several rows into a warp (DF-GNN's
-shared-memory/packed fusion for batches of small graphs), large ones give a
-whole warp to a row and loop over feature tiles.
+Level 2 (row): inside an item, a *group* of ``group`` lanes (4..32) owns one
+(row, head): a small feature size packs several rows into one warp (DF-GNN's
+packed fusion for batches of small graphs: each score and exp computed once by
+one lane, kept in registers), a large one gives a whole warp to a row and
+tiles the features.
 
-The plan is cached on the :class:`~pyg_dfgnn.graph.CSRGraph`.
+The split threshold follows the GPU's width: a row is "super" when it holds
+more than ``split_factor`` times the edges one group would process if the
+edges were spread evenly over every group the GPU runs at once.  The factor
+was measured with ``python -m pyg_dfgnn.bench.tune_schedule`` (see
+docs/BENCHMARKS.md).  Plans are cached on the :class:`~pyg_dfgnn.graph.CSRGraph`;
+:func:`explain_schedule` prints them and :func:`override` forces a schedule.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,6 +33,11 @@ import torch
 from torch import Tensor
 
 from .graph import CSRGraph
+
+#: measured default (docs/BENCHMARKS.md, "schedule thresholds")
+SPLIT_FACTOR = 4
+MIN_SPLIT = 256
+MAX_SPLIT = 8192
 
 
 @dataclass
@@ -32,15 +47,150 @@ class Plan:
     merge: Optional[Tensor] = None  # [R, 3] (row, slot_begin, slot_end)
     t_work: Optional[Tensor] = None
     t_merge: Optional[Tensor] = None
-    split: int = 0                  # segment length used for super rows (0 = none)
+    slots: int = 0                  # partial slots of split rows
+    t_slots: int = 0
+    split: int = 0                  # segment length of super rows (0 = none)
+    t_split: int = 0
     reason: str = ""
+
+    @property
+    def sched(self):
+        return [self.group, self.slots, self.t_slots]
+
+
+_local = threading.local()
+
+
+def _forced():
+    return getattr(_local, "forced", None)
+
+
+@contextlib.contextmanager
+def override(group: Optional[int] = None, split: Optional[int] = None):
+    """Force a schedule inside the ``with`` block (for benchmarking).
+
+    ``group``: lanes per (row, head), one of 4, 8, 16, 32 (``None``: automatic).
+    ``split``: segment length for super rows/columns; ``0`` disables
+    splitting (a fixed node-parallel mapping), ``None``: automatic.
+    """
+    if group not in (None, 4, 8, 16, 32):
+        raise ValueError(f"'group' must be None, 4, 8, 16 or 32, got {group}")
+    if split is not None and split < 0:
+        raise ValueError(f"'split' must be >= 0, got {split}")
+    old = _forced()
+    _local.forced = (group, split)
+    try:
+        yield
+    finally:
+        _local.forced = old
+
+
+def _lanes_in_flight(device: torch.device) -> int:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return props.multi_processor_count * props.max_threads_per_multi_processor
+    return 132 * 2048
+
+
+def auto_group(feat: int, dtype: torch.dtype) -> int:
+    vec = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
+    vec = vec if feat % vec == 0 else 1
+    need = -(-feat // vec)
+    g = 4
+    while g < 32 and g < need:
+        g *= 2
+    return g
+
+
+def auto_split(num_edges: int, heads: int, group: int, device: torch.device) -> int:
+    """Segment length above which a row is split (0 when no split is useful)."""
+    groups = max(_lanes_in_flight(device) // group, 1)
+    per_group = num_edges * heads / groups
+    split = 1
+    while split < SPLIT_FACTOR * per_group:
+        split *= 2
+    return int(min(max(split, MIN_SPLIT), MAX_SPLIT))
+
+
+def work_items(rowptr: Tensor, split: int):
+    """Work items of a CSR: ``(work [W, 4], merge [R, 3], slots)`` or Nones
+    when no row is longer than ``split``.  Pure torch ops, on rowptr's device."""
+    n = rowptr.numel() - 1
+    if split <= 0 or n <= 0:
+        return None, None, 0
+    rp = rowptr.long()
+    deg = rp[1:] - rp[:-1]
+    heavy = deg > split
+    if not bool(heavy.any()):
+        return None, None, 0
+    dev = rp.device
+    rows = torch.arange(n, device=dev)
+    h_rows = rows[heavy]
+    h_nseg = (deg[heavy] + split - 1) // split
+    slots = int(h_nseg.sum())
+    seg_row = torch.repeat_interleave(h_rows, h_nseg, output_size=slots)
+    first = torch.cumsum(h_nseg, 0) - h_nseg
+    seg_k = torch.arange(slots, device=dev) - torch.repeat_interleave(first, h_nseg,
+                                                                       output_size=slots)
+    seg_b = rp[seg_row] + seg_k * split
+    seg_e = torch.minimum(seg_b + split, rp[seg_row + 1])
+    heavy_items = torch.stack([seg_row, seg_b, seg_e, torch.arange(slots, device=dev)], 1)
+    l_rows = rows[~heavy]
+    light_items = torch.stack([l_rows, rp[l_rows], rp[l_rows + 1],
+                               torch.full_like(l_rows, -1)], 1)
+    work = torch.cat([heavy_items, light_items], 0)
+    merge = torch.stack([h_rows, first, first + h_nseg], 1)
+    dt = rowptr.dtype
+    return work.to(dt).contiguous(), merge.to(dt).contiguous(), slots
 
 
 def plan_for(graph: CSRGraph, kind: int, feat: int, heads: int, dtype: torch.dtype) -> Plan:
     """The (cached) plan for this graph and problem shape."""
-    key = ("plan", kind, feat, heads, dtype)
+    forced = _forced()
+    key = ("plan", kind, feat, heads, dtype, forced)
     plan = graph.plans.get(key)
-    if plan is None:
-        plan = Plan(reason="one item per row")
-        graph.plans[key] = plan
+    if plan is not None:
+        return plan
+    f_group, f_split = forced if forced is not None else (None, None)
+    group = f_group or auto_group(feat, dtype)
+    if f_split is None:
+        split = auto_split(graph.num_edges, heads, group, graph.device)
+    else:
+        split = f_split
+    split_rows = split if graph.max_in_degree > split else 0
+    split_cols = split if graph.max_out_degree > split else 0
+    work, merge, slots = work_items(graph.rowptr, split_rows)
+    t_work, t_merge, t_slots = work_items(graph.t_rowptr, split_cols)
+    why = []
+    why.append(f"group={group} lanes per (row, head)"
+               + (" (forced)" if f_group else " (automatic from F)"))
+    if split_rows:
+        why.append(f"{merge.size(0)} super rows (in-degree > {split}) cut into {slots} "
+                   f"segments of {split} edges")
+    else:
+        why.append(f"no super rows (max in-degree {graph.max_in_degree} <= split {split})"
+                   if split else "row splitting disabled")
+    if split_cols:
+        why.append(f"{t_merge.size(0)} super columns (out-degree > {split}) cut into "
+                   f"{t_slots} segments")
+    plan = Plan(group=group if f_group else 0, work=work, merge=merge, t_work=t_work,
+                t_merge=t_merge, slots=slots, t_slots=t_slots, split=split_rows,
+                t_split=split_cols, reason="; ".join(why))
+    graph.plans[key] = plan
     return plan
+
+
+def explain_schedule(graph: CSRGraph, kind: int = 0, feat: int = 64, heads: int = 4,
+                     dtype: torch.dtype = torch.float32) -> str:
+    """Human-readable description of the schedule chosen for ``graph``."""
+    from .ops.reference import KIND_NAMES
+    plan = plan_for(graph, kind, feat, heads, dtype)
+    deg = graph.in_degree().float()
+    stats = (f"rows={graph.num_dst} edges={graph.num_edges} mean in-degree="
+             f"{graph.mean_in_degree:.1f} max in-degree={graph.max_in_degree} "
+             f"max out-degree={graph.max_out_degree}")
+    if deg.numel():
+        q = torch.quantile(deg.cpu(), torch.tensor([0.5, 0.99])).tolist()
+        stats += f" median={q[0]:.0f} p99={q[1]:.0f}"
+    return (f"{KIND_NAMES.get(kind, kind)} F={feat} H={heads} {dtype}: {stats}\n"
+            f"  schedule: {plan.reason}")

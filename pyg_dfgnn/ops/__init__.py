@@ -74,7 +74,7 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
         value.contiguous() if value is not None else None,
         edge.contiguous() if edge is not None else None,
         att.contiguous() if att is not None else None, float(scale), float(negative_slope),
-        float(dropout), seed, bool(return_alpha), plan.group, plan.work, plan.merge,
+        float(dropout), seed, bool(return_alpha), plan.sched, plan.work, plan.merge,
         plan.t_work, plan.t_merge)
     return out, (alpha if return_alpha else None)
 

@@ -7,8 +7,9 @@ call the C++/CUDA extension (``torch.ops.dfgnn_C.*``, built just in time); on
 any other device they run the pure-PyTorch reference in
 :mod:`pyg_dfgnn.ops.reference`.
 
-Schedule arguments (see :mod:`pyg_dfgnn.schedule`): ``group`` = lanes per
-(row, head) (0 = automatic), ``work [W, 4]`` = optional list of
+Schedule arguments (see :mod:`pyg_dfgnn.schedule`): ``sched = [group, slots,
+t_slots]`` with ``group`` = lanes per (row, head) (0 = automatic) and the
+number of partial-result slots of split rows / columns, ``work [W, 4]`` = optional list of
 ``(row, edge_begin, edge_end, slot)`` items (``slot < 0``: write the row's
 output directly, otherwise a partial result merged later), ``merge [R, 3]`` =
 ``(row, slot_begin, slot_end)`` of split rows.  ``t_work`` / ``t_merge`` are
@@ -39,7 +40,7 @@ def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
                   t_rowptr: Tensor, t_col: Tensor, t_perm: Tensor, dst_feat: Tensor,
                   src_feat: Tensor, value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor], scale: float,
                   negative_slope: float, dropout_p: float, seed: Optional[Tensor],
-                  need_alpha: bool, group: int, work: Optional[Tensor],
+                  need_alpha: bool, sched: List[int], work: Optional[Tensor],
                   merge: Optional[Tensor], t_work: Optional[Tensor],
                   t_merge: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     """Forward; the transposed CSR (``t_*``) is unused here but saved for backward."""
@@ -51,10 +52,15 @@ def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
 @attention_fwd.register_kernel("cuda")
 def _attention_fwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                         src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                        need_alpha, group, work, merge, t_work, t_merge):
-    return tuple(_ext().attention_fwd(kind, rowptr, col, perm, dst_feat, src_feat, value,
-                                      edge, att, scale, negative_slope, dropout_p,
-                                      _seed_int(seed), need_alpha, group, work, merge))
+                        need_alpha, sched, work, merge, t_work, t_merge):
+    if src_feat.dtype == torch.float64:  # the kernels are fp32/fp16/bf16: exact reference
+        return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
+                                     att, scale, negative_slope, dropout_p, _seed_int(seed),
+                                     need_alpha)
+    return tuple(_ext().attention_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                      dst_feat, src_feat, value, edge, att, scale,
+                                      negative_slope, dropout_p, _seed_int(seed), need_alpha,
+                                      sched, work, merge, t_work, t_merge))
 
 
 def _out_dtype(kind, src_feat, value):
@@ -68,7 +74,7 @@ def _feat_shape(kind, src_feat, value):
 @attention_fwd.register_fake
 def _attention_fwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                         src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                        need_alpha, group, work, merge, t_work, t_merge):
+                        need_alpha, sched, work, merge, t_work, t_merge):
     nd = rowptr.shape[0] - 1
     shp = _feat_shape(kind, src_feat, value)
     H, Fd = shp[1], shp[2]
@@ -86,7 +92,7 @@ def attention_bwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
                   src_feat: Tensor, value: Optional[Tensor], edge: Optional[Tensor],
                   att: Optional[Tensor], scale: float, negative_slope: float,
                   dropout_p: float, seed: Optional[Tensor], out: Tensor, lse: Tensor,
-                  grad_out: Tensor, group: int, work: Optional[Tensor],
+                  grad_out: Tensor, sched: List[int], work: Optional[Tensor],
                   merge: Optional[Tensor], t_work: Optional[Tensor],
                   t_merge: Optional[Tensor]) -> List[Tensor]:
     return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
@@ -97,18 +103,22 @@ def attention_bwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
 @attention_bwd.register_kernel("cuda")
 def _attention_bwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                         src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                        out, lse, grad_out, group, work, merge, t_work, t_merge):
+                        out, lse, grad_out, sched, work, merge, t_work, t_merge):
+    if src_feat.dtype == torch.float64:
+        return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
+                                      edge, att, scale, negative_slope, dropout_p,
+                                      _seed_int(seed), out, lse, grad_out)
     return list(_ext().attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
                                      dst_feat, src_feat, value, edge, att, scale,
                                      negative_slope, dropout_p, _seed_int(seed), out, lse,
-                                     grad_out.contiguous(), group, work, merge, t_work,
+                                     grad_out.contiguous(), sched, work, merge, t_work,
                                      t_merge))
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                         src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                        out, lse, grad_out, group, work, merge, t_work, t_merge):
+                        out, lse, grad_out, sched, work, merge, t_work, t_merge):
     def like(t):
         return torch.empty_like(t) if t is not None else src_feat.new_empty((0,))
     return [like(dst_feat), like(src_feat), like(value), like(edge), like(att)]
@@ -116,11 +126,11 @@ def _attention_bwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
 
 def _setup_context(ctx, inputs, output):
     (kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value, edge,
-     att, scale, negative_slope, dropout_p, seed, need_alpha, group, work, merge, t_work,
+     att, scale, negative_slope, dropout_p, seed, need_alpha, sched, work, merge, t_work,
      t_merge) = inputs
     out, lse, alpha = output
-    ctx.kind, ctx.scale, ctx.slope, ctx.p, ctx.group = kind, scale, negative_slope, \
-        dropout_p, group
+    ctx.kind, ctx.scale, ctx.slope, ctx.p, ctx.sched = kind, scale, negative_slope, \
+        dropout_p, sched
     ctx.save_for_backward(rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
                           value, edge, att, seed, out, lse, work, merge, t_work, t_merge)
     ctx.mark_non_differentiable(lse, alpha)
@@ -134,7 +144,7 @@ def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
         return (None,) * 22
     grads = attention_bwd(ctx.kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                           src_feat, value, edge, att, ctx.scale, ctx.slope, ctx.p, seed, out,
-                          lse, grad_out, ctx.group, work, merge, t_work, t_merge)
+                          lse, grad_out, ctx.sched, work, merge, t_work, t_merge)
     d_dst, d_src, d_value, d_edge, d_att = grads
 
     def opt(t, x):

@@ -131,8 +131,9 @@ def _value_csr(kind: int, col: Tensor, src_feat: Tensor, value: Optional[Tensor]
     return v
 
 
-def _alpha(rowptr, rows, s, lse):
-    return torch.exp(s - lse[rows])
+def _dleaky(z: Tensor, slope: float) -> Tensor:
+    # in z's dtype: a python-scalar torch.where would round the slope to fp32
+    return torch.where(z > 0, z.new_ones(()), z.new_full((), slope))
 
 
 def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor],
@@ -203,29 +204,30 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
     delta = (dout * outf).sum(-1)
     dS = alpha * (dP * keep - delta[rows])
     d_v_edge = (alpha * keep).unsqueeze(-1) * dout[rows]  # grad of value_csr [E, H, F]
-    empty = s.new_empty((0,))
-    d_att = empty
-    d_value = empty
+    def empty():  # distinct objects: custom-op outputs must not alias
+        return s.new_empty((0,))
+    d_att = empty()
+    d_value = empty()
     if kind == GAT:
-        g = dS * torch.where(aux > 0, 1.0, negative_slope).to(cdt)
+        g = dS * _dleaky(aux, negative_slope)
         d_dst = _seg_sum(g, rows, nd)
         d_src = _seg_sum(g, col_l, ns)
-        d_edge = _edge_orig(g, perm) if edge is not None else empty
+        d_edge = _edge_orig(g, perm) if edge is not None else empty()
         d_value = _seg_sum(d_v_edge, col_l, ns)
     elif kind == GATV2:
-        slope = torch.where(aux > 0, 1.0, negative_slope).to(cdt)
+        slope = _dleaky(aux, negative_slope)
         gz = dS.unsqueeze(-1) * att_f * slope
         d_dst = _seg_sum(gz, rows, nd)
         d_src = _seg_sum(gz + d_v_edge, col_l, ns)
-        d_edge = _edge_orig(gz, perm) if edge is not None else empty
+        d_edge = _edge_orig(gz, perm) if edge is not None else empty()
         d_att = (dS.unsqueeze(-1) * F.leaky_relu(aux, negative_slope)).sum(0)
     else:
         g = (dS * scale).unsqueeze(-1)
         d_dst = _seg_sum(g * aux, rows, nd)
         dk = g * dst_f[rows]
         d_src = _seg_sum(dk, col_l, ns)
-        d_value = _seg_sum(d_v_edge, col_l, ns) if value is not None else empty
-        d_edge = _edge_orig(dk + d_v_edge, perm) if edge is not None else empty
+        d_value = _seg_sum(d_v_edge, col_l, ns) if value is not None else empty()
+        d_edge = _edge_orig(dk + d_v_edge, perm) if edge is not None else empty()
 
     def cast(t, like):
         return t.to(like.dtype) if (like is not None and t.numel()) else t

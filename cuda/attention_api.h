@@ -1,0 +1,40 @@
+// Plain host structs shared by the op registration (dfgnn_ops.cpp) and the
+// per-model kernel launchers (attention_<kind>.cu).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace dfgnn {
+
+struct GraphArgs {
+  at::Tensor rowptr, col, perm;          // destination-major CSR (+ CSR pos -> edge id)
+  at::Tensor t_rowptr, t_col, t_perm;    // transpose (+ transposed pos -> CSR pos)
+};
+
+struct FeatArgs {
+  at::Tensor dst, src, val, edge, att;   // undefined when absent
+  double scale = 1.0, slope = 0.2, drop_p = 0.0;
+  int64_t seed = 0;
+  bool need_alpha = false;
+};
+
+struct Sched {
+  int64_t group = 0;                     // lanes per (item, head); 0 = automatic
+  at::Tensor work, merge;                // row items [W, 4], split rows [R, 3]
+  int64_t slots = 0;                     // partial slots used by split rows
+  at::Tensor t_work, t_merge;            // the same for the transposed CSR
+  int64_t t_slots = 0;
+};
+
+struct FwdOut { at::Tensor out, lse, alpha; };
+struct BwdIn { at::Tensor out, lse, grad_out; };
+struct BwdOut { at::Tensor d_dst, d_src, d_val, d_edge, d_att; };
+
+void fwd_gat(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);
+void fwd_gatv2(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);
+void fwd_dot(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);
+void bwd_gat(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
+void bwd_gatv2(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
+void bwd_dot(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
+
+}  // namespace dfgnn

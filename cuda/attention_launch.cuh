@@ -1,0 +1,237 @@
+// Host-side launchers of the attention kernel family: dtype / index / vector
+// width dispatch, the lane-group choice and the feature tiling.  Each
+// attention_<kind>.cu instantiates them for one score function.
+#pragma once
+
+#include "attention_kernels.cuh"
+#include "attention_api.h"
+
+#include <c10/cuda/CUDAStream.h>
+
+namespace dfgnn {
+
+template <typename T> struct TorchType;
+template <> struct TorchType<float> { static constexpr auto value = at::kFloat; };
+template <> struct TorchType<c10::Half> { static constexpr auto value = at::kHalf; };
+template <> struct TorchType<c10::BFloat16> { static constexpr auto value = at::kBFloat16; };
+
+template <typename T> inline const T* cptr(const at::Tensor& t) {
+  return t.defined() && t.numel() ? t.data_ptr<T>() : nullptr;
+}
+template <typename T> inline T* mptr(const at::Tensor& t) {
+  return t.defined() && t.numel() ? t.data_ptr<T>() : nullptr;
+}
+template <typename I> inline const I* iptr(const at::Tensor& t) {
+  return t.defined() && t.numel() ? t.data_ptr<I>() : nullptr;
+}
+
+inline bool aligned16(const at::Tensor& t) {
+  return !t.defined() || t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// Lanes per (item, head): enough lanes to cover the features with one vector
+// each (at least 4, at most a warp), unless the schedule forces a value.
+inline int choose_group(int forced, int64_t F, int vec) {
+  if (forced > 0) return forced;
+  int64_t need = (F + vec - 1) / vec;
+  int g = 4;
+  while (g < 32 && g < need) g *= 2;
+  return g;
+}
+
+struct Launch {
+  dim3 grid;
+  int64_t tile;
+};
+
+inline Launch launch_shape(int64_t items, int64_t H, int64_t F, int G, int vec) {
+  Launch l;
+  l.tile = (int64_t)G * vec * kMaxChunks;
+  const int64_t tiles = std::max<int64_t>(1, (F + l.tile - 1) / l.tile);
+  const int64_t groups_per_block = kThreads / G;
+  const int64_t blocks = (items * H + groups_per_block - 1) / groups_per_block;
+  TORCH_CHECK(blocks < (int64_t)INT32_MAX && tiles < 65536, "pyg_dfgnn: problem too large");
+  l.grid = dim3((unsigned)std::max<int64_t>(blocks, 1), (unsigned)tiles);
+  return l;
+}
+
+template <typename T, typename I>
+Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
+  Params<T, I> p;
+  memset(&p, 0, sizeof(p));
+  p.rowptr = iptr<I>(gr.rowptr); p.col = iptr<I>(gr.col); p.perm = iptr<I>(gr.perm);
+  p.t_rowptr = iptr<I>(gr.t_rowptr); p.t_col = iptr<I>(gr.t_col); p.t_perm = iptr<I>(gr.t_perm);
+  p.dst = cptr<T>(fa.dst); p.src = cptr<T>(fa.src);
+  p.val = kind == GATV2 ? cptr<T>(fa.src) : cptr<T>(fa.val);
+  p.edge = cptr<T>(fa.edge); p.att = cptr<T>(fa.att);
+  const at::Tensor& v = kind == GATV2 ? fa.src : fa.val;
+  p.H = v.size(1);
+  p.F = v.size(2);
+  p.scale = (float)fa.scale; p.slope = (float)fa.slope; p.drop_p = (float)fa.drop_p;
+  p.seed = (uint64_t)fa.seed;
+  return p;
+}
+
+template <int KIND, typename T, typename I, int VEC>
+void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& o) {
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  Params<T, I> p = make_params<T, I>(gr, fa, KIND);
+  const int64_t Nd = gr.rowptr.numel() - 1;
+  p.work = iptr<I>(sc.work);
+  p.num_items = sc.work.defined() ? sc.work.size(0) : Nd;
+  p.G = choose_group(sc.group, p.F, VEC);
+  const Launch l = launch_shape(p.num_items, p.H, p.F, p.G, VEC);
+  p.tile = l.tile;
+  p.out = mptr<T>(o.out); p.lse = mptr<float>(o.lse); p.alpha = mptr<T>(o.alpha);
+  at::Tensor part_acc, part_ml;
+  if (sc.slots > 0) {
+    auto fo = o.out.options().dtype(at::kFloat);
+    part_acc = at::empty({sc.slots, p.H, p.F}, fo);
+    part_ml = at::empty({2, sc.slots, p.H}, fo);
+    p.part_acc = part_acc.data_ptr<float>();
+    p.part_m = part_ml.data_ptr<float>();
+    p.part_l = p.part_m + sc.slots * p.H;
+  }
+  if (p.num_items > 0) {
+    fwd_kernel<KIND, T, I, VEC><<<l.grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
+    const int64_t R = sc.merge.size(0);
+    fwd_merge_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
+        sc.merge.data_ptr<I>(), R, p.H, p.F, p.part_acc, p.part_m, p.part_l, p.out, p.lse);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (fa.need_alpha && p.num_items > 0 && gr.col.numel() > 0) {
+    Launch la = launch_shape(p.num_items, p.H, 1, p.G, VEC);
+    alpha_kernel<KIND, T, I, VEC><<<la.grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+template <int KIND, typename T, typename I, int VEC>
+void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const BwdIn& bi,
+              BwdOut& o) {
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  Params<T, I> p = make_params<T, I>(gr, fa, KIND);
+  const int64_t Nd = gr.rowptr.numel() - 1, Ns = gr.t_rowptr.numel() - 1;
+  const int64_t E = gr.col.numel();
+  p.dout = cptr<T>(bi.grad_out); p.o = cptr<T>(bi.out); p.lse_in = cptr<float>(bi.lse);
+  auto fo = bi.out.options().dtype(at::kFloat);
+  at::Tensor ds = at::empty({E, p.H}, fo), pd = at::empty({E, p.H}, fo);
+  p.ds = mptr<float>(ds); p.pd = mptr<float>(pd);
+  p.d_dst = mptr<T>(o.d_dst); p.d_src = mptr<T>(o.d_src); p.d_val = mptr<T>(o.d_val);
+  p.d_edge = mptr<T>(o.d_edge);
+  const int64_t featF = KIND == GAT ? 1 : p.F;   // width of d_dst / d_src rows
+
+  // ---- row pass (destination side)
+  p.work = iptr<I>(sc.work);
+  p.num_items = sc.work.defined() ? sc.work.size(0) : Nd;
+  p.G = choose_group(sc.group, p.F, VEC);
+  Launch l = launch_shape(p.num_items, p.H, p.F, p.G, VEC);
+  p.tile = l.tile;
+  at::Tensor part1, att_part;
+  if (sc.slots > 0) {
+    part1 = at::empty({sc.slots, p.H, featF}, fo);
+    p.part1 = part1.data_ptr<float>();
+  }
+  if (KIND == GATV2) {
+    att_part = at::empty({std::max<int64_t>(p.num_items, 1), p.H, p.F}, fo);
+    p.d_att_part = att_part.data_ptr<float>();
+  }
+  if (p.num_items > 0) {
+    bwd_row_kernel<KIND, T, I, VEC><<<l.grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
+    const int64_t R = sc.merge.size(0);
+    merge_sum_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
+        sc.merge.data_ptr<I>(), R, p.H, featF, p.part1, p.d_dst);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (KIND == GATV2) {
+    if (p.num_items > 0) o.d_att.copy_(att_part.sum(0));
+    else o.d_att.zero_();
+  }
+
+  // ---- column pass (source side, transposed CSR)
+  p.work = iptr<I>(sc.t_work);
+  p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
+  l = launch_shape(p.num_items, p.H, p.F, p.G, VEC);
+  p.tile = l.tile;
+  at::Tensor cpart1, cpart2;
+  if (sc.t_slots > 0) {
+    cpart1 = at::empty({sc.t_slots, p.H, p.F}, fo);
+    cpart2 = at::empty({sc.t_slots, p.H, featF}, fo);
+    p.part1 = cpart1.data_ptr<float>();
+    p.part2 = cpart2.data_ptr<float>();
+  }
+  if (p.num_items > 0) {
+    bwd_col_kernel<KIND, T, I, VEC><<<l.grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0) {
+    const int64_t R = sc.t_merge.size(0);
+    T* first = KIND == GATV2 ? p.d_src : p.d_val;
+    if (first) {
+      merge_sum_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
+          sc.t_merge.data_ptr<I>(), R, p.H, p.F, p.part1, first);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (KIND != GATV2) {
+      merge_sum_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
+          sc.t_merge.data_ptr<I>(), R, p.H, featF, p.part2, p.d_src);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  }
+}
+
+// dtype x index x vector-width dispatch
+template <int KIND, template <int, typename, typename, int> class Fn, typename... Args>
+void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
+  const at::Tensor& v = KIND == GATV2 ? fa.src : fa.val;
+  const int64_t F = v.size(2);
+  const bool i64 = gr.col.scalar_type() == at::kLong;
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int VMAX = 16 / sizeof(T);
+    const bool vec_ok = F % VMAX == 0 && aligned16(fa.dst) && aligned16(fa.src) &&
+                        aligned16(fa.val) && aligned16(fa.edge) && aligned16(fa.att);
+    if (i64) {
+      if (vec_ok) Fn<KIND, T, int64_t, VMAX>::run(gr, fa, args...);
+      else Fn<KIND, T, int64_t, 1>::run(gr, fa, args...);
+    } else {
+      if (vec_ok) Fn<KIND, T, int32_t, VMAX>::run(gr, fa, args...);
+      else Fn<KIND, T, int32_t, 1>::run(gr, fa, args...);
+    }
+  };
+  switch (v.scalar_type()) {
+    case at::kFloat: go(float()); break;
+    case at::kHalf: go(c10::Half()); break;
+    case at::kBFloat16: go(c10::BFloat16()); break;
+    default: TORCH_CHECK(false, "pyg_dfgnn: unsupported dtype ", v.scalar_type());
+  }
+}
+
+template <int KIND, typename T, typename I, int VEC> struct FwdFn {
+  static void run(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& o) {
+    fwd_impl<KIND, T, I, VEC>(gr, fa, sc, o);
+  }
+};
+template <int KIND, typename T, typename I, int VEC> struct BwdFn {
+  static void run(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const BwdIn& bi,
+                  BwdOut& o) {
+    bwd_impl<KIND, T, I, VEC>(gr, fa, sc, bi, o);
+  }
+};
+
+#define DFGNN_INSTANTIATE(KIND, NAME)                                                   \
+  void fwd_##NAME(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& o) { \
+    dispatch<KIND, FwdFn>(gr, fa, sc, o);                                               \
+  }                                                                                     \
+  void bwd_##NAME(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc,             \
+                  const BwdIn& bi, BwdOut& o) {                                         \
+    dispatch<KIND, BwdFn>(gr, fa, sc, bi, o);                                           \
+  }
+
+}  // namespace dfgnn

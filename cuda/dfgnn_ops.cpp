@@ -1,0 +1,152 @@
+// Registration of the fused attention ops (namespace dfgnn_C) with the
+// PyTorch dispatcher.  The Python package wraps them in the public
+// dfgnn::attention_fwd / dfgnn::attention_bwd custom ops (fake impls and
+// autograd live there).  Inputs were validated in Python once per graph;
+// the checks here guard the kernel's assumptions.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "attention_api.h"
+
+namespace dfgnn {
+namespace {
+
+using c10::optional;
+
+at::Tensor opt(const optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+
+void check_cuda(const at::Tensor& t, const char* name, const at::Device& dev) {
+  if (!t.defined()) return;
+  TORCH_CHECK(t.device() == dev, "pyg_dfgnn: '", name, "' is on ", t.device(), ", expected ",
+              dev);
+  TORCH_CHECK(t.is_contiguous(), "pyg_dfgnn: '", name, "' must be contiguous");
+}
+
+void check_index(const at::Tensor& t, const char* name, at::ScalarType it) {
+  if (!t.defined()) return;
+  TORCH_CHECK(t.scalar_type() == it, "pyg_dfgnn: index '", name, "' has dtype ",
+              t.scalar_type(), " but the graph uses ", it);
+}
+
+GraphArgs graph_args(const at::Tensor& rowptr, const at::Tensor& col,
+                     const optional<at::Tensor>& perm, const at::Tensor& t_rowptr,
+                     const at::Tensor& t_col, const at::Tensor& t_perm) {
+  GraphArgs g{rowptr, col, opt(perm), t_rowptr, t_col, t_perm};
+  const auto it = col.scalar_type();
+  TORCH_CHECK(it == at::kInt || it == at::kLong, "pyg_dfgnn: index dtype must be int32/int64");
+  for (auto* p : {&g.rowptr, &g.col, &g.perm, &g.t_rowptr, &g.t_col, &g.t_perm}) {
+    check_index(*p, "graph", it);
+    check_cuda(*p, "graph", col.device());
+  }
+  return g;
+}
+
+FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
+                   const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
+                   const optional<at::Tensor>& att, double scale, double slope, double p,
+                   int64_t seed, bool need_alpha) {
+  FeatArgs f;
+  f.dst = dst; f.src = src; f.val = opt(val); f.edge = opt(edge); f.att = opt(att);
+  f.scale = scale; f.slope = slope; f.drop_p = p; f.seed = seed; f.need_alpha = need_alpha;
+  TORCH_CHECK(kind >= 0 && kind <= 2, "pyg_dfgnn: unknown attention kind ", kind);
+  TORCH_CHECK(kind == 1 || f.val.defined(), "pyg_dfgnn: 'value' is required for this kind");
+  TORCH_CHECK(kind != 1 || f.att.defined(), "pyg_dfgnn: 'att' is required for GATv2");
+  const auto dt = src.scalar_type();
+  for (auto* t : {&f.dst, &f.src, &f.val, &f.edge, &f.att}) {
+    if (!t->defined()) continue;
+    TORCH_CHECK(t->scalar_type() == dt, "pyg_dfgnn: all features must share one dtype");
+    check_cuda(*t, "features", src.device());
+  }
+  return f;
+}
+
+Sched sched_args(at::IntArrayRef sched, const optional<at::Tensor>& work,
+                 const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
+                 const optional<at::Tensor>& t_merge) {
+  TORCH_CHECK(sched.size() == 3, "pyg_dfgnn: sched must be [group, slots, t_slots]");
+  Sched s;
+  s.group = sched[0]; s.slots = sched[1]; s.t_slots = sched[2];
+  TORCH_CHECK(s.group == 0 || s.group == 4 || s.group == 8 || s.group == 16 || s.group == 32,
+              "pyg_dfgnn: group must be 0 (auto), 4, 8, 16 or 32, got ", s.group);
+  s.work = opt(work); s.merge = opt(merge); s.t_work = opt(t_work); s.t_merge = opt(t_merge);
+  return s;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
+    int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
+    const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
+    const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
+    const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
+    const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
+    bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor>& work,
+    const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
+    const optional<at::Tensor>& t_merge) {
+  const c10::cuda::CUDAGuard guard(src.device());
+  GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
+  FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, need_alpha);
+  Sched s = sched_args(sched, work, merge, t_work, t_merge);
+  const at::Tensor& v = kind == 1 ? f.src : f.val;
+  const int64_t Nd = rowptr.numel() - 1, H = v.size(1), F = v.size(2);
+  FwdOut o;
+  o.out = at::empty({Nd, H, F}, v.options());
+  o.lse = at::empty({Nd, H}, v.options().dtype(at::kFloat));
+  o.alpha = need_alpha ? at::empty({col.numel(), H}, v.options()) : at::empty({0}, v.options());
+  if (kind == 0) fwd_gat(g, f, s, o);
+  else if (kind == 1) fwd_gatv2(g, f, s, o);
+  else fwd_dot(g, f, s, o);
+  return {o.out, o.lse, o.alpha};
+}
+
+std::vector<at::Tensor> attention_bwd(
+    int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
+    const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
+    const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
+    const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
+    const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    at::IntArrayRef sched, const optional<at::Tensor>& work, const optional<at::Tensor>& merge,
+    const optional<at::Tensor>& t_work, const optional<at::Tensor>& t_merge) {
+  const c10::cuda::CUDAGuard guard(src.device());
+  GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
+  FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, false);
+  Sched s = sched_args(sched, work, merge, t_work, t_merge);
+  TORCH_CHECK(grad_out.sizes() == out.sizes() && grad_out.scalar_type() == out.scalar_type(),
+              "pyg_dfgnn: grad_out must match out");
+  check_cuda(out, "out", src.device());
+  check_cuda(lse, "lse", src.device());
+  check_cuda(grad_out, "grad_out", src.device());
+  BwdIn bi{out, lse, grad_out};
+  BwdOut o;
+  const auto empty = at::empty({0}, src.options());
+  o.d_dst = at::empty_like(dst);
+  o.d_src = at::empty_like(src);
+  o.d_val = (kind != 1 && f.val.defined()) ? at::empty_like(f.val) : empty;
+  o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty;
+  o.d_att = f.att.defined() ? at::empty_like(f.att) : empty;
+  if (kind == 0) bwd_gat(g, f, s, bi, o);
+  else if (kind == 1) bwd_gatv2(g, f, s, bi, o);
+  else bwd_dot(g, f, s, bi, o);
+  return {o.d_dst, o.d_src, o.d_val, o.d_edge, o.d_att};
+}
+
+}  // namespace
+}  // namespace dfgnn
+
+TORCH_LIBRARY(dfgnn_C, m) {
+  m.def("attention_fwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "
+        "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "
+        "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "
+        "bool need_alpha, int[] sched, Tensor? work, Tensor? merge, Tensor? t_work, "
+        "Tensor? t_merge) -> (Tensor, Tensor, Tensor)");
+  m.def("attention_bwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "
+        "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "
+        "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "
+        "Tensor out, Tensor lse, Tensor grad_out, int[] sched, Tensor? work, Tensor? merge, "
+        "Tensor? t_work, Tensor? t_merge) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
+  m.impl("attention_fwd", &dfgnn::attention_fwd);
+  m.impl("attention_bwd", &dfgnn::attention_bwd);
+}

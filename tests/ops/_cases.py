@@ -1,0 +1,61 @@
+"""Random problems shared by the CPU and CUDA op tests."""
+import torch
+
+from pyg_dfgnn.graph import get_graph
+from pyg_dfgnn.ops import DOT, GAT, GATV2
+
+KINDS = {"gat": GAT, "gatv2": GATV2, "dot": DOT}
+
+
+def random_graph(num_src, num_dst, num_edges, device="cpu", self_loops=True, dups=True,
+                 super_node=None, generator=None):
+    src = torch.randint(0, num_src, (num_edges,), generator=generator)
+    dst = torch.randint(0, num_dst, (num_edges,), generator=generator)
+    if num_dst > 3:
+        dst = torch.where(dst == num_dst - 1, dst - 1, dst)   # an isolated destination
+    parts_s, parts_d = [src], [dst]
+    if dups and num_edges > 4:
+        parts_s.append(src[:4])
+        parts_d.append(dst[:4])
+    if self_loops:
+        n = min(num_src, num_dst)
+        loops = torch.arange(0, n, 3)
+        parts_s.append(loops)
+        parts_d.append(loops)
+    if super_node is not None:
+        deg, node = super_node
+        parts_s.append(torch.randint(0, num_src, (deg,), generator=generator))
+        parts_d.append(torch.full((deg,), node))
+    ei = torch.stack([torch.cat(parts_s), torch.cat(parts_d)]).to(device)
+    return ei
+
+
+def make_inputs(kind, num_src, num_dst, num_edges, heads, feat, dtype, device, edge=False,
+                generator=None):
+    def r(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(device, dtype)
+    if kind == GAT:
+        return dict(dst=r(num_dst, heads), src=r(num_src, heads), val=r(num_src, heads, feat),
+                    edge=r(num_edges, heads) if edge else None, att=None)
+    if kind == GATV2:
+        return dict(dst=r(num_dst, heads, feat), src=r(num_src, heads, feat), val=None,
+                    edge=r(num_edges, heads, feat) if edge else None, att=r(heads, feat))
+    return dict(dst=r(num_dst, heads, feat), src=r(num_src, heads, feat),
+                val=r(num_src, heads, feat), edge=r(num_edges, heads, feat) if edge else None,
+                att=None)
+
+
+def call(kind, graph, inp, dropout=0.0, return_alpha=False, scale=None):
+    from pyg_dfgnn import ops
+    if kind == GAT:
+        return ops.gat_attention(graph, inp["val"], inp["src"], inp["dst"], inp["edge"],
+                                 0.2, dropout, return_alpha)
+    if kind == GATV2:
+        return ops.gatv2_attention(graph, inp["src"], inp["dst"], inp["att"], inp["edge"],
+                                   0.2, dropout, return_alpha)
+    return ops.dot_attention(graph, inp["dst"], inp["src"], inp["val"], inp["edge"], scale,
+                             dropout, return_alpha)
+
+
+def leaves(inp):
+    return [v for v in inp.values() if v is not None]
