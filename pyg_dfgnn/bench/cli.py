@@ -1,0 +1,217 @@
+"""``dfgnn bench [CONFIG] [--quick] [--ops] [--out DIR] ...``
+
+Runs the benchmark sections of a config (see ``configs/bench_default.yaml``)
+and writes the console table, ``results.csv``, ``results.json`` (with the
+environment), ``table.txt``, ``summary.txt`` and PNG plots under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+USAGE_EPILOG = """\
+examples:
+  dfgnn bench --quick --out runs/bench_quick           # CPU smoke run, < 1 min
+  dfgnn bench configs/bench_default.yaml --out runs/b  # full GPU suite
+  dfgnn bench --ops --out runs/ops                     # kernel-level ops only
+  dfgnn bench --summary runs/b                         # re-print a finished run's summary
+"""
+
+
+def _csv(s: Optional[str]) -> Optional[List[str]]:
+    return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="dfgnn bench", description="Fused attention layers/ops vs native PyG.",
+        epilog=USAGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="?", help="benchmark YAML (default: "
+                   "configs/bench_default.yaml, or configs/bench_quick.yaml with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="small CPU run (bench_quick.yaml); with a config: few repeats, "
+                        "no torch.compile")
+    p.add_argument("--out", help="output directory (default: runs/bench/<name>_<time>)")
+    p.add_argument("--ops", action="store_true",
+                   help="only the kernel-level benchmark of the raw ops")
+    p.add_argument("--device", help="cuda, cuda:N or cpu (overrides the config)")
+    p.add_argument("--graphs", help="comma-separated graph names to run")
+    p.add_argument("--layers", help="comma-separated layers (gat,gatv2,transformer,agnn)")
+    p.add_argument("--contenders", help="comma-separated layer contenders")
+    p.add_argument("--dtypes", help="comma-separated dtypes (float32,float16,bfloat16)")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
+    p.add_argument("--no-train", action="store_true", help="skip end-to-end training epochs")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--summary", metavar="DIR", help="print the summary of a finished run")
+    return p.parse_args(argv)
+
+
+def resolve_device(name: str):
+    import torch
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("dfgnn bench: CUDA requested but not available (use --device cpu "
+                         "or --quick)")
+    return dev
+
+
+def build_config(a: argparse.Namespace) -> Dict[str, Any]:
+    from .config import load_config
+    cfg = load_config(a.config, quick=a.quick)
+    if a.device:
+        cfg["device"] = a.device
+    if a.graphs:
+        names = _csv(a.graphs)
+        known = [g.get("name") or g.get("kind") for g in cfg["graphs"]]
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise SystemExit(f"dfgnn bench: unknown graph(s) {bad}; the config has {known}")
+        cfg["graphs"] = [g for g in cfg["graphs"] if (g.get("name") or g.get("kind")) in names]
+    if a.layers:
+        cfg["layers"]["names"] = _csv(a.layers)
+    if a.contenders:
+        cfg["layers"]["contenders"] = _csv(a.contenders)
+    if a.dtypes:
+        cfg["dtypes"] = _csv(a.dtypes)
+    if a.warmup is not None:
+        cfg["timing"]["warmup"] = a.warmup
+    if a.repeats is not None:
+        cfg["timing"]["repeats"] = a.repeats
+    if a.no_compile:
+        cfg["compile"]["enabled"] = False
+        for g in cfg["graphs"]:
+            g.pop("compile", None)
+    if a.no_train:
+        cfg["train"]["enabled"] = False
+    if a.no_plots:
+        cfg["plots"] = False
+    if a.ops:
+        cfg["ops"]["enabled"] = True
+        cfg["layers"]["enabled"] = False
+        cfg["train"]["enabled"] = False
+    return cfg
+
+
+def _progress(row: Dict[str, Any]) -> None:
+    def ms(k):
+        v = row.get(k)
+        return "-" if v is None else f"{v:.3f}"
+    extra = f" err={row['max_err']:.1e}" if row.get("max_err") is not None else ""
+    print(f"  {row['section']:<5} {row['graph']:<16} {row['case']:<12} {row['dtype']:<8} "
+          f"{row['contender']:<12} {row['status'][:70]:<12} fwd {ms('fwd_ms')} ms  "
+          f"f+b {ms('fwdbwd_ms')} ms{extra}", flush=True)
+
+
+def run(cfg: Dict[str, Any], out_dir: str) -> List[Dict[str, Any]]:
+    """Run every enabled section of ``cfg``; writes reports to ``out_dir``
+    after each graph (so an interrupted run keeps what it measured)."""
+    import torch
+
+    from . import report
+    from .graphs import Unavailable, graph_name, load_graph
+    from .layers import CompileGate, run_layers
+    from .ops_bench import run_ops
+    from .runner import Settings, parse_dtype, timing
+    from .train_bench import run_train
+
+    device = resolve_device(cfg.get("device", "auto"))
+    threads = cfg.get("cpu_threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    settings = Settings.from_config(cfg)
+    dtypes = [parse_dtype(d) for d in cfg.get("dtypes", ["float32"])]
+    env = report.environment(device)
+    gate = CompileGate(cfg.get("compile", {}))
+    rows: List[Dict[str, Any]] = []
+    t_start = time.perf_counter()
+    plots = bool(cfg.get("plots", True))
+    public_cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    public_cfg["source"] = cfg.get("_source")
+
+    def dump(final: bool = False):
+        report.write_all(rows, env, public_cfg, out_dir, time.perf_counter() - t_start,
+                         plots=plots and final, errors=settings.errors)
+
+    print(f"dfgnn bench: {cfg.get('_source')} on {env.get('gpu') or device} "
+          f"(torch {env['torch']}, PyG {env['torch_geometric']}), out: {out_dir}", flush=True)
+    lc, oc = cfg.get("layers", {}), cfg.get("ops", {})
+    for spec in cfg.get("graphs", []):
+        gname = graph_name(spec)
+        wants_layers = lc.get("enabled", True)
+        wants_ops = oc.get("enabled", False) and (oc.get("graphs") is None
+                                                  or gname in oc["graphs"])
+        if not (wants_layers or wants_ops):
+            continue
+        try:
+            g = load_graph(spec)
+        except Unavailable as e:
+            print(f"graph {gname}: skipped ({e})", flush=True)
+            rows.append(_graph_row(spec, f"skipped: {e}"))
+            continue
+        st = g.stats()
+        print(f"graph {g.name}: {st['num_nodes']} nodes, {st['num_edges']} edges, max "
+              f"in-degree {st['max_in_degree']} (built in {g.build_s:.1f}s)", flush=True)
+        for dt in dtypes:
+            if wants_layers:
+                rows += run_layers(g, cfg, settings, dt, device, gate, on_row=_progress)
+            if wants_ops:
+                rows += run_ops(g, cfg, settings, dt, device, on_row=_progress)
+        del g
+        timing.free_memory(device)
+        dump()
+    if cfg.get("train", {}).get("enabled", False):
+        rows += run_train(cfg, settings, device, out_dir, on_row=_progress)
+    dump(final=True)
+    return rows
+
+
+def _graph_row(spec: Dict[str, Any], status: str) -> Dict[str, Any]:
+    from .graphs import graph_name
+    return {"section": "layer", "graph": graph_name(spec), "graph_kind": spec.get("kind"),
+            "case": "-", "dtype": "-", "contender": "-", "baseline": "pyg", "status": status,
+            "note": ""}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    if a.summary:
+        from .report import print_summary
+        return print_summary(a.summary)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    try:
+        cfg = build_config(a)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"dfgnn bench: {e}", file=sys.stderr)
+        return 2
+    out = a.out or os.path.join(
+        "runs", "bench", f"{cfg.get('name', 'bench')}_"
+        f"{datetime.datetime.now().strftime('%Y%m%d_%H%M%S')}")
+    os.makedirs(out, exist_ok=True)
+    t = time.perf_counter()
+    try:
+        rows = run(cfg, out)
+    except ValueError as e:  # config errors surfacing while running
+        print(f"dfgnn bench: {e}", file=sys.stderr)
+        return 2
+    from .report import format_summary, format_table, load_results
+    env = load_results(out).get("environment")
+    print()
+    print(format_table(rows))
+    print()
+    print(format_summary(rows, env))
+    print(f"\nwrote {out}/results.csv, results.json, table.txt, summary.txt"
+          f"{', *.png' if cfg.get('plots', True) else ''} in {time.perf_counter() - t:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,490 @@
+"""Reports of a benchmark run: console tables, CSV, JSON, PNG plots.
+
+Files written under the output directory:
+
+* ``results.csv``   -- one row per (section, graph, case, dtype, contender),
+  columns :data:`CSV_COLUMNS`;
+* ``results.json``  -- ``{"environment": ..., "config": ..., "results": [...],
+  "elapsed_s": ...}``;
+* ``table.txt``     -- the console table;
+* ``summary.txt``   -- the compact summary (one line per graph and case);
+* ``speedup_<section>.png`` / ``memory_<section>.png`` -- speedup vs the
+  section's baseline (native PyG for layers, naive for ops) and peak memory;
+* ``errors.log``    -- tracebacks of contenders that raised (if any).
+
+``python -m pyg_dfgnn.bench.report DIR`` prints the summary of a finished run.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+CSV_COLUMNS = [
+    "section", "graph", "graph_kind", "num_nodes", "num_edges", "num_edges_eff",
+    "max_in_degree", "case", "heads", "channels", "dtype", "device", "contender", "baseline",
+    "status", "check", "max_err",
+    "fwd_ms", "fwd_ms_q25", "fwd_ms_q75", "fwd_ms_min", "fwd_ms_max", "fwd_ms_mean",
+    "fwd_ms_n",
+    "fwdbwd_ms", "fwdbwd_ms_q25", "fwdbwd_ms_q75", "fwdbwd_ms_min", "fwdbwd_ms_max",
+    "fwdbwd_ms_mean", "fwdbwd_ms_n",
+    "speedup_fwd", "speedup_fwdbwd", "fwd_peak_mb", "fwdbwd_peak_mb", "mem_ratio",
+    "resident_mb", "setup_ms", "first_ms", "first_fwdbwd_ms", "note",
+]
+
+SECTION_TITLES = {"layer": "conv layers (baseline: native PyG)",
+                  "op": "raw attention ops (baseline: naive gather+softmax+scatter)",
+                  "train": "end-to-end training epochs (baseline: backend pyg)"}
+
+
+# --------------------------------------------------------------------------- #
+# environment
+# --------------------------------------------------------------------------- #
+
+def _cmd(args: Sequence[str]) -> Optional[str]:
+    try:
+        r = subprocess.run(list(args), capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() or None if r.returncode == 0 else None
+    except Exception:
+        return None
+
+
+def _version(mod: str) -> Optional[str]:
+    try:
+        m = __import__(mod)
+        return str(getattr(m, "__version__", "?"))
+    except Exception:
+        return None
+
+
+def environment(device: Any = None) -> Dict[str, Any]:
+    import torch
+    env: Dict[str, Any] = {
+        "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cudnn": (torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
+                  else None),
+        "torch_geometric": _version("torch_geometric"),
+        "torch_sparse": _version("torch_sparse"),
+        "torch_scatter": _version("torch_scatter"),
+        "pyg_dfgnn": _version("pyg_dfgnn"),
+        "git_commit": _cmd(["git", "-C", os.path.dirname(os.path.abspath(__file__)),
+                            "rev-parse", "--short", "HEAD"]),
+        "device": str(device) if device is not None else None,
+        "gpu": None, "gpu_capability": None, "gpu_memory_gb": None, "driver": None,
+    }
+    if torch.cuda.is_available() and (device is None or str(device).startswith("cuda")):
+        dev = torch.device(device if device is not None else "cuda")
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        p = torch.cuda.get_device_properties(idx)
+        env["gpu"] = p.name
+        env["gpu_capability"] = f"{p.major}.{p.minor}"
+        env["gpu_memory_gb"] = round(p.total_memory / 2**30, 1)
+        drv = _cmd(["nvidia-smi", f"--id={idx}", "--query-gpu=driver_version",
+                    "--format=csv,noheader"])
+        env["driver"] = drv.splitlines()[0].strip() if drv else None
+    return env
+
+
+def _cpu_name() -> Optional[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except Exception:
+        pass
+    return platform.processor() or None
+
+
+# --------------------------------------------------------------------------- #
+# derived columns
+# --------------------------------------------------------------------------- #
+
+def _ok(r: Dict[str, Any]) -> bool:
+    return r.get("status") == "ok"
+
+
+def add_speedups(rows: List[Dict[str, Any]]) -> None:
+    """``speedup_* = baseline time / contender time`` and ``mem_ratio =
+    contender peak / baseline peak`` within (section, graph, case, dtype);
+    empty when either side did not run."""
+    base: Dict[tuple, Dict[str, Any]] = {}
+    for r in rows:
+        if r.get("contender") == r.get("baseline") and _ok(r):
+            base[(r["section"], r["graph"], r["case"], r["dtype"])] = r
+    for r in rows:
+        b = base.get((r["section"], r["graph"], r["case"], r["dtype"]))
+        for k, col in (("fwd_ms", "speedup_fwd"), ("fwdbwd_ms", "speedup_fwdbwd")):
+            r[col] = (b[k] / r[k]) if (b is not None and _ok(r) and r.get(k) and b.get(k))\
+                else None
+        bm, m = (b or {}).get("fwdbwd_peak_mb"), r.get("fwdbwd_peak_mb")
+        r["mem_ratio"] = (m / bm) if (_ok(r) and b is not None and m is not None and bm)\
+            else None
+
+
+# --------------------------------------------------------------------------- #
+# text
+# --------------------------------------------------------------------------- #
+
+def _f(v: Any, fmt: str = "{:.3f}") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return fmt.format(v)
+    return str(v)
+
+
+def _ms(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if v < 100 else f"{v:.1f}"
+
+
+def _iqr(r: Dict[str, Any], k: str) -> str:
+    m, a, b = r.get(k), r.get(f"{k}_q25"), r.get(f"{k}_q75")
+    if not m or a is None or b is None:
+        return "-"
+    return f"{100.0 * (b - a) / m:.0f}%"
+
+
+def _render(header: List[str], body: List[List[str]]) -> str:
+    w = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
+         for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(w[i]) for i, h in enumerate(header)),
+           "  ".join("-" * w[i] for i in range(len(header)))]
+    for row in body:
+        out.append("  ".join(c.ljust(w[i]) if i < 4 else c.rjust(w[i])
+                             if i < len(row) - 1 else c for i, c in enumerate(row)))
+    return "\n".join(out)
+
+
+def format_table(rows: List[Dict[str, Any]]) -> str:
+    """Full console table, one block per section."""
+    blocks = []
+    for section in _sections(rows):
+        rs = [r for r in rows if r["section"] == section]
+        header = ["graph", "case", "dtype", "contender", "fwd ms", "iqr", "f+b ms", "iqr",
+                  "x fwd", "x f+b", "peak MB", "err", "status"]
+        body = []
+        for r in rs:
+            body.append([r["graph"], r["case"], r["dtype"], r["contender"], _ms(r.get("fwd_ms")),
+                         _iqr(r, "fwd_ms"), _ms(r.get("fwdbwd_ms")), _iqr(r, "fwdbwd_ms"),
+                         _f(r.get("speedup_fwd"), "{:.2f}"),
+                         _f(r.get("speedup_fwdbwd"), "{:.2f}"),
+                         _f(r.get("fwdbwd_peak_mb"), "{:.0f}"),
+                         _f(r.get("max_err"), "{:.1e}"), _status(r)])
+        blocks.append(f"== {SECTION_TITLES.get(section, section)} ==\n" + _render(header, body))
+    return "\n\n".join(blocks)
+
+
+def _status(r: Dict[str, Any]) -> str:
+    s = r.get("status") or ""
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _sections(rows: Iterable[Dict[str, Any]]) -> List[str]:
+    seen: List[str] = []
+    for r in rows:
+        if r["section"] not in seen:
+            seen.append(r["section"])
+    return seen
+
+
+def format_summary(rows: List[Dict[str, Any]], env: Optional[Dict[str, Any]] = None) -> str:
+    """Compact table: per (section, graph, case) the fused contender against
+    the baseline, plus the best other contender."""
+    lines = []
+    if env:
+        lines.append(f"device: {env.get('gpu') or env.get('device')}  torch {env.get('torch')}"
+                     f"  cuda {env.get('cuda_runtime')}  PyG {env.get('torch_geometric')}"
+                     f"  driver {env.get('driver')}")
+    header = ["section", "graph", "case", "base f+b ms", "fused f+b ms", "x fwd", "x f+b",
+              "base MB", "fused MB", "others"]
+    body = []
+    keys: List[tuple] = []
+    for r in rows:
+        k = (r["section"], r["graph"], r["case"], r["dtype"])
+        if k not in keys:
+            keys.append(k)
+    for k in keys:
+        rs = [r for r in rows if (r["section"], r["graph"], r["case"], r["dtype"]) == k]
+        base = next((r for r in rs if r["contender"] == r["baseline"]), None)
+        fused = next((r for r in rs if r["contender"] == "fused"), None)
+        others = []
+        for r in rs:
+            if r is base or r is fused:
+                continue
+            if _ok(r):
+                others.append(f"{r['contender']} x{_f(r.get('speedup_fwdbwd'), '{:.2f}')}")
+            else:
+                others.append(f"{r['contender']}: {_short_status(r)}")
+        case = k[2] if k[3] == "float32" else f"{k[2]} {k[3]}"
+        body.append([k[0], k[1], case,
+                     _cell(base, "fwdbwd_ms"), _cell(fused, "fwdbwd_ms"),
+                     _f((fused or {}).get("speedup_fwd"), "{:.2f}"),
+                     _f((fused or {}).get("speedup_fwdbwd"), "{:.2f}"),
+                     _f((base or {}).get("fwdbwd_peak_mb"), "{:.0f}"),
+                     _f((fused or {}).get("fwdbwd_peak_mb"), "{:.0f}"),
+                     ", ".join(others)])
+    lines.append(_render(header, body))
+    return "\n".join(lines)
+
+
+def _short_status(r: Dict[str, Any]) -> str:
+    s = r.get("status") or "?"
+    if s.startswith("n/a"):
+        return "n/a"
+    if s.startswith("skipped"):
+        return "skipped"
+    if s.startswith("error"):
+        return "error"
+    return s
+
+
+def _cell(r: Optional[Dict[str, Any]], k: str) -> str:
+    if r is None:
+        return "-"
+    if not _ok(r):
+        return _short_status(r)
+    return _ms(r.get(k))
+
+
+# --------------------------------------------------------------------------- #
+# files
+# --------------------------------------------------------------------------- #
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def write_csv(rows: List[Dict[str, Any]], path: str) -> None:
+    cols = list(CSV_COLUMNS) + sorted({k for r in rows for k in r} - set(CSV_COLUMNS))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+
+
+def write_json(rows: List[Dict[str, Any]], env: Dict[str, Any], cfg: Dict[str, Any],
+               path: str, elapsed_s: Optional[float] = None) -> None:
+    with open(path, "w") as f:
+        json.dump(_jsonable({"environment": env, "config": cfg, "elapsed_s": elapsed_s,
+                             "results": rows}), f, indent=1)
+
+
+def write_all(rows: List[Dict[str, Any]], env: Dict[str, Any], cfg: Dict[str, Any],
+              out_dir: str, elapsed_s: Optional[float] = None, plots: bool = True,
+              errors: Optional[List[str]] = None) -> Dict[str, str]:
+    """Write every report file; returns ``{kind: path}``."""
+    os.makedirs(out_dir, exist_ok=True)
+    add_speedups(rows)
+    paths = {"csv": os.path.join(out_dir, "results.csv"),
+             "json": os.path.join(out_dir, "results.json"),
+             "table": os.path.join(out_dir, "table.txt"),
+             "summary": os.path.join(out_dir, "summary.txt")}
+    write_csv(rows, paths["csv"])
+    write_json(rows, env, cfg, paths["json"], elapsed_s)
+    with open(paths["table"], "w") as f:
+        f.write(format_table(rows) + "\n")
+    with open(paths["summary"], "w") as f:
+        f.write(format_summary(rows, env) + "\n")
+    if errors:
+        paths["errors"] = os.path.join(out_dir, "errors.log")
+        with open(paths["errors"], "w") as f:
+            f.write("\n".join(errors))
+    if plots:
+        try:
+            paths.update(plot_all(rows, env, out_dir))
+        except Exception as e:  # a broken matplotlib must not lose the numbers
+            print(f"dfgnn bench: plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
+    return paths
+
+
+# --------------------------------------------------------------------------- #
+# plots
+# --------------------------------------------------------------------------- #
+
+def plot_all(rows: List[Dict[str, Any]], env: Dict[str, Any], out_dir: str) -> Dict[str, str]:
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    paths = {}
+    for section in _sections(rows):
+        rs = [r for r in rows if r["section"] == section]
+        p = os.path.join(out_dir, f"speedup_{section}.png")
+        _plot_speedup(rs, env, p, section)
+        paths[f"speedup_{section}"] = p
+        p = os.path.join(out_dir, f"memory_{section}.png")
+        _plot_memory(rs, env, p, section)
+        paths[f"memory_{section}"] = p
+    return paths
+
+
+def _ordered(rs: List[Dict[str, Any]], key: str) -> List[Any]:
+    out: List[Any] = []
+    for r in rs:
+        if r.get(key) not in out:
+            out.append(r.get(key))
+    return out
+
+
+def _contenders(rs: List[Dict[str, Any]], with_base: bool) -> List[str]:
+    out: List[str] = []
+    for r in rs:
+        c = r["contender"]
+        if (with_base or c != r["baseline"]) and c not in out:
+            out.append(c)
+    return out
+
+
+def _title(env: Dict[str, Any], what: str) -> str:
+    dev = env.get("gpu") or (f"CPU ({env.get('cpu')})" if env.get("cpu") else "CPU")
+    return f"{what}\n{dev}, torch {env.get('torch')}, PyG {env.get('torch_geometric')}"
+
+
+def _find(rs, graph, case, dtype, contender):
+    return next((r for r in rs if r["graph"] == graph and r["case"] == case
+                 and r["dtype"] == dtype and r["contender"] == contender), None)
+
+
+def _panels(rs: List[Dict[str, Any]]) -> List[tuple]:
+    """One panel per (case, dtype); x axis = graphs."""
+    out: List[tuple] = []
+    for r in rs:
+        if r.get("case") in (None, "-"):
+            continue
+        k = (r["case"], r["dtype"])
+        if k not in out:
+            out.append(k)
+    return out
+
+
+def _fig(plt, nrows: int, panels: List[tuple], ngraphs: int, nconts: int, height: float):
+    w = max(3.2, 0.45 * ngraphs * max(nconts, 1) + 1.2)
+    ncols = max(len(panels), 1)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(w * ncols, 32.0), height * nrows),
+                             squeeze=False)
+    return fig, axes
+
+
+def _bars(ax, rs, panel, graphs, conts, value, fmt, base_name=None):
+    width = 0.8 / max(len(conts), 1)
+    case, dtype = panel
+    for j, c in enumerate(conts):
+        for i, g in enumerate(graphs):
+            r = _find(rs, g, case, dtype, c)
+            if r is None:
+                continue
+            x = i + (j - (len(conts) - 1) / 2) * width
+            v = value(r)
+            ax.bar(x, v or 0, width, color=f"C{j}", label=c)
+            if v:
+                ax.text(x, v, fmt.format(v), ha="center", va="bottom", fontsize=6)
+            else:
+                if not _ok(r):
+                    txt = _short_status(r)
+                elif base_name is not None:
+                    b = _find(rs, g, case, dtype, base_name)
+                    txt = "base " + (_short_status(b) if b is not None else "missing")
+                else:
+                    txt = "n/m"
+                ax.text(x, 0.02, txt, ha="center", va="bottom", fontsize=6, rotation=90,
+                        transform=ax.get_xaxis_transform())
+    ax.set_xticks(range(len(graphs)))
+    ax.set_xticklabels(graphs, fontsize=7, rotation=20)
+    ax.set_title(case if dtype == "float32" else f"{case} ({dtype})", fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    if uniq:
+        ax.legend(uniq.values(), uniq.keys(), fontsize=6, loc="upper right")
+
+
+def _plot_speedup(rs: List[Dict[str, Any]], env: Dict[str, Any], path: str,
+                  section: str) -> None:
+    import matplotlib.pyplot as plt
+    panels = _panels(rs)
+    graphs = [g for g in _ordered(rs, "graph")
+              if any(r["graph"] == g and r.get("case") not in (None, "-") for r in rs)]
+    conts = _contenders(rs, with_base=False)
+    base = rs[0]["baseline"] if rs else "baseline"
+    fig, axes = _fig(plt, 2, panels, len(graphs), len(conts), 3.6)
+    for row_i, (col, what) in enumerate((("speedup_fwd", "forward"),
+                                         ("speedup_fwdbwd", "forward+backward"))):
+        for p_i, panel in enumerate(panels or [("-", "-")]):
+            ax = axes[row_i, p_i]
+            _bars(ax, rs, panel, graphs, conts, lambda r: r.get(col), "{:.2f}", base)
+            ax.axhline(1.0, color="k", lw=0.8, ls="--")
+            if p_i == 0:
+                ax.set_ylabel(f"{what}\nspeedup vs {base} (x)", fontsize=8)
+    fig.suptitle(_title(env, f"{SECTION_TITLES.get(section, section)}: speedup = median "
+                             "time of baseline / contender (higher is better)"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_memory(rs: List[Dict[str, Any]], env: Dict[str, Any], path: str,
+                 section: str) -> None:
+    import matplotlib.pyplot as plt
+    panels = _panels(rs)
+    graphs = [g for g in _ordered(rs, "graph")
+              if any(r["graph"] == g and r.get("case") not in (None, "-") for r in rs)]
+    conts = _contenders(rs, with_base=True)
+    measured = any(r.get("fwdbwd_peak_mb") is not None for r in rs)
+    fig, axes = _fig(plt, 1, panels, len(graphs), len(conts), 4.0)
+    for p_i, panel in enumerate(panels or [("-", "-")]):
+        ax = axes[0, p_i]
+        _bars(ax, rs, panel, graphs, conts, lambda r: r.get("fwdbwd_peak_mb"), "{:.0f}")
+        if measured:
+            ax.set_yscale("log")
+        else:
+            ax.text(0.5, 0.5, "peak memory is measured\non CUDA devices only",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        if p_i == 0:
+            ax.set_ylabel("peak extra memory,\nforward+backward (MiB)", fontsize=8)
+    fig.suptitle(_title(env, f"{SECTION_TITLES.get(section, section)}: peak memory "
+                             "(lower is better)"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- #
+# summary of a finished run
+# --------------------------------------------------------------------------- #
+
+def load_results(out_dir: str) -> Dict[str, Any]:
+    with open(os.path.join(out_dir, "results.json")) as f:
+        return json.load(f)
+
+
+def print_summary(out_dir: str) -> int:
+    data = load_results(out_dir)
+    rows = data.get("results", [])
+    print(format_summary(rows, data.get("environment")))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(print_summary(sys.argv[1] if len(sys.argv) > 1 else "."))

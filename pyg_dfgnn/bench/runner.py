@@ -1,0 +1,384 @@
+"""Generic benchmark case runner: reference, correctness gate, timing, memory.
+
+A :class:`Case` is one (graph, layer-or-op, dtype) problem with fixed inputs
+and a fixed upstream gradient; every contender of the case gets exactly these
+tensors.  For each contender, :func:`run_contender`
+
+1. builds it (``setup_ms``: module copy + weight load, adjacency conversion,
+   ``torch.compile`` wrapping),
+2. calls it once without autograd (``first_ms``: includes lazy work such as
+   the fused layer's CSR conversion or torch.compile's compilation) and once
+   with forward+backward (``first_fwdbwd_ms``),
+3. compares that forward output -- and the gradients of the inputs and of
+   the parameters -- with the case's reference (:func:`compute_reference`);
+   a contender whose relative error ``max|y - ref| / max|ref|`` exceeds the
+   dtype's tolerance is reported as ``mismatch`` and **not** timed,
+4. times forward (under ``torch.no_grad``) and forward+backward (the
+   gradients are dropped before every repeat, outside the timed interval),
+5. measures peak extra memory of one forward and one forward+backward.
+
+Any out-of-memory error is reported as ``OOM``; a contender that cannot run
+here as ``n/a: <reason>``; any other exception as ``error: <message>``.  The
+suite never stops because one contender failed.
+"""
+from __future__ import annotations
+
+import copy
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import timing
+from .graphs import BenchGraph, Unavailable
+
+
+class Skipped(Exception):
+    """A contender deliberately not run (``skipped: <reason>``)."""
+
+
+@dataclass
+class Prepared:
+    """A ready-to-call contender: ``fn(*inputs) -> out``; ``params`` are its
+    named parameters (gradients compared by name and dropped between runs)."""
+
+    fn: Callable[..., Tensor]
+    params: Dict[str, Tensor] = field(default_factory=dict)
+    note: str = ""
+    keep: Any = None  # objects that must stay alive (modules, adjacencies)
+
+
+Factory = Callable[["Case"], Prepared]
+
+
+@dataclass
+class Case:
+    section: str                 # "layer" | "op" (| "train" rows are made elsewhere)
+    graph: BenchGraph
+    name: str                    # layer or op name
+    heads: int
+    channels: int
+    dtype: torch.dtype
+    device: torch.device
+    inputs: List[Tensor]         # differentiable inputs, shared by all contenders
+    grad_out: Tensor             # upstream gradient of the output
+    #: ``reference(device, dtype) -> Prepared``: the baseline implementation
+    #: on another device / dtype (float64 reference, CPU fallback)
+    reference: Callable[[torch.device, torch.dtype], Prepared]
+    elements: int                # E * H * F: decides whether a float64 reference is cheap
+    baseline: str                # contender name the speedups are relative to
+    num_edges_eff: int = 0       # edges the layer actually attends over (with self-loops)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Settings:
+    warmup: int = 3
+    repeats: int = 15
+    max_measure_s: Optional[float] = 5.0
+    min_repeats: int = 3
+    tolerance: Dict[str, float] = field(default_factory=lambda: {
+        "float64": 1e-6, "float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2})
+    fp64_max_elements: int = 250_000_000
+    cpu_fallback: bool = True
+    check_grads: bool = True
+    floor: float = 1e-2          # see :func:`compare`
+    verbose: bool = False
+    errors: List[str] = field(default_factory=list)  # tracebacks, written to errors.log
+
+    @classmethod
+    def from_config(cls, cfg: Dict[str, Any]) -> "Settings":
+        t, c = cfg.get("timing", {}), cfg.get("check", {})
+        s = cls()
+        s.warmup = int(t.get("warmup", s.warmup))
+        s.repeats = int(t.get("repeats", s.repeats))
+        s.max_measure_s = t.get("max_measure_s", s.max_measure_s)
+        s.min_repeats = int(t.get("min_repeats", s.min_repeats))
+        s.tolerance = {**s.tolerance, **{k: float(v) for k, v in
+                                         (c.get("tolerance") or {}).items()}}
+        s.fp64_max_elements = int(c.get("fp64_max_elements", s.fp64_max_elements))
+        s.cpu_fallback = bool(c.get("cpu_fallback", s.cpu_fallback))
+        s.check_grads = bool(c.get("grads", s.check_grads))
+        s.floor = float(c.get("floor", s.floor))
+        return s
+
+    def tol(self, dtype: torch.dtype) -> float:
+        return float(self.tolerance.get(dtype_name(dtype), 1e-3))
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, str(name), None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ValueError(f"unknown floating dtype {name!r}")
+    return dt
+
+
+# --------------------------------------------------------------------------- #
+# reference
+# --------------------------------------------------------------------------- #
+
+@dataclass
+class Reference:
+    kind: str                                  # fp64 | <baseline> | <baseline>-cpu-fwd | none
+    out: Optional[Tensor] = None               # CPU
+    grads: Dict[str, Tensor] = field(default_factory=dict)  # CPU
+    note: str = ""
+
+
+def _drop_grads(tensors) -> None:
+    for t in tensors:
+        t.grad = None
+
+
+def _reference_once(case: Case, label: str, dev: torch.device, dt: torch.dtype,
+                    grads: bool) -> Reference:
+    prep = case.reference(dev, dt)
+    xs = [t.detach().to(dev, dt).requires_grad_(grads) for t in case.inputs]
+    try:
+        if grads:
+            out = prep.fn(*xs)
+            out.backward(case.grad_out.to(dev, dt))
+            g = {f"input{i}": x.grad.detach().cpu() for i, x in enumerate(xs)
+                 if x.grad is not None}
+            g.update({f"param:{n}": p.grad.detach().cpu() for n, p in prep.params.items()
+                      if p.grad is not None})
+        else:
+            with torch.no_grad():
+                out = prep.fn(*xs)
+            g = {}
+        return Reference(kind=label, out=out.detach().cpu(), grads=g)
+    finally:
+        _drop_grads(prep.params.values())
+
+
+def compute_reference(case: Case, settings: Settings) -> Reference:
+    """float64 baseline when cheap, else the baseline in the working dtype,
+    else (GPU OOM) the baseline's forward on the CPU; ``kind='none'`` when
+    nothing fits (contenders are then timed unchecked)."""
+    attempts: List[Tuple[str, torch.device, torch.dtype, bool]] = []
+    if case.dtype != torch.float64 and case.elements <= settings.fp64_max_elements:
+        attempts.append(("fp64", case.device, torch.float64, settings.check_grads))
+    attempts.append((case.baseline, case.device, case.dtype, settings.check_grads))
+    if settings.cpu_fallback and timing.is_cuda(case.device):
+        cdt = case.dtype if case.dtype in (torch.float32, torch.float64) else torch.float32
+        attempts.append((f"{case.baseline}-cpu-fwd", torch.device("cpu"), cdt, False))
+    notes = []
+    for label, dev, dt, grads in attempts:
+        try:
+            ref = _reference_once(case, label, dev, dt, grads)
+            ref.note = "; ".join(notes)
+            return ref
+        except Exception as e:  # OOM (or a baseline that cannot run at all)
+            timing.free_memory(case.device)
+            notes.append(f"{label} reference: {'OOM' if timing.is_oom(e) else _short(e)}")
+    return Reference(kind="none", note="; ".join(notes))
+
+
+def rel_err(y: Tensor, ref: Tensor) -> float:
+    y = y.detach().to("cpu", torch.float64)
+    r = ref.to(torch.float64)
+    if y.shape != r.shape:
+        return float("inf")
+    if r.numel() == 0:
+        return 0.0
+    d = (y - r).abs().max()
+    den = r.abs().max().clamp_min(1e-30)
+    v = float(d / den)
+    return float("inf") if v != v else v  # NaN -> inf
+
+
+def _group(key: str) -> str:
+    return key.split(":", 1)[0] if ":" in key else key.rstrip("0123456789")
+
+
+def compare(out: Tensor, grads: Dict[str, Tensor], ref: Reference,
+            floor: float = 1e-2) -> Tuple[float, str]:
+    """Largest relative error over the output and the gradients, and where.
+
+    Each tensor's error is ``max|y - ref| / max(max|ref|, floor * G)`` where
+    ``G`` is the largest ``max|ref|`` of its group (inputs' gradients,
+    parameters' gradients): a gradient that is mathematically zero (e.g. the
+    key bias of dot-product attention, softmax being shift-invariant) is
+    judged against the scale of its siblings, not against its own round-off.
+    """
+    worst, where = rel_err(out, ref.out), "out"
+    scale: Dict[str, float] = {}
+    for k, r in ref.grads.items():
+        g = _group(k)
+        scale[g] = max(scale.get(g, 0.0), float(r.abs().max()) if r.numel() else 0.0)
+    for k, r in ref.grads.items():
+        y = grads.get(k)
+        if y is None:
+            e = float("inf") if (r.numel() and float(r.abs().max()) > 0) else 0.0
+        elif tuple(y.shape) != tuple(r.shape):
+            e = float("inf")
+        elif r.numel() == 0:
+            e = 0.0
+        else:
+            d = float((y.detach().to("cpu", torch.float64) - r.to(torch.float64)).abs().max())
+            den = max(float(r.abs().max()), floor * scale[_group(k)], 1e-30)
+            e = d / den
+            e = float("inf") if e != e else e
+        if e > worst:
+            worst, where = e, k
+    return worst, where
+
+
+# --------------------------------------------------------------------------- #
+# one contender
+# --------------------------------------------------------------------------- #
+
+def _short(e: BaseException, n: int = 160) -> str:
+    msg = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return msg if len(msg) <= n else msg[:n - 3] + "..."
+
+
+def base_row(case: Case, contender: str) -> Dict[str, Any]:
+    g = case.graph
+    return {"section": case.section, "graph": g.name, "graph_kind": g.kind,
+            "num_nodes": g.num_nodes, "num_edges": g.num_edges,
+            "num_edges_eff": case.num_edges_eff or g.num_edges,
+            "max_in_degree": case.extra.get("max_in_degree"),
+            "case": case.name, "heads": case.heads, "channels": case.channels,
+            "dtype": dtype_name(case.dtype), "device": str(case.device),
+            "contender": contender, "baseline": case.baseline, "status": "",
+            "check": "", "max_err": None, "note": ""}
+
+
+def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
+                  settings: Settings) -> Dict[str, Any]:
+    row = base_row(case, name)
+    dev = case.device
+    stage = "setup"
+    prep: Optional[Prepared] = None
+    xs = list(case.inputs)
+    xr = [t.detach().requires_grad_(True) for t in case.inputs]
+
+    def zero():
+        _drop_grads(xr)
+        if prep is not None:
+            _drop_grads(prep.params.values())
+
+    try:
+        mem0 = timing.allocated_mb(dev)
+        t0 = time.perf_counter()
+        prep = factory(case)
+        timing.sync(dev)
+        row["setup_ms"] = (time.perf_counter() - t0) * 1e3
+        if prep.note:
+            row["note"] = prep.note
+
+        def fwd():
+            with torch.no_grad():
+                return prep.fn(*xs)
+
+        def step():
+            out = prep.fn(*xr)
+            out.backward(case.grad_out)
+
+        stage = "first call"
+        row["first_ms"] = timing.wall_once(fwd, dev)
+        stage = "check"
+        zero()
+        timing.sync(dev)
+        t0 = time.perf_counter()
+        out = prep.fn(*xr)
+        out.backward(case.grad_out)
+        timing.sync(dev)
+        row["first_fwdbwd_ms"] = (time.perf_counter() - t0) * 1e3
+        mem1 = timing.allocated_mb(dev)
+        row["check"] = ref.kind
+        if ref.kind != "none":
+            grads = {f"input{i}": x.grad for i, x in enumerate(xr) if x.grad is not None}
+            grads.update({f"param:{n}": p.grad for n, p in prep.params.items()
+                          if p.grad is not None})
+            err, where = compare(out, grads, ref, settings.floor)
+            row["max_err"] = err
+            if not err <= settings.tol(case.dtype):
+                row["status"] = "mismatch"
+                row["note"] = _join(row["note"], f"worst: {where} rel err {err:.3g} > tol "
+                                                 f"{settings.tol(case.dtype):g} vs {ref.kind}")
+                return row
+        else:
+            row["note"] = _join(row["note"], "unchecked: no reference fits")
+        del out
+        zero()
+        if mem0 is not None and mem1 is not None:
+            # resident memory the contender keeps (caches, converted adjacency, grads)
+            row["resident_mb"] = max(mem1 - mem0, 0.0)
+        stage = "forward timing"
+        s = timing.measure(fwd, dev, settings.warmup, settings.repeats,
+                           max_time_s=settings.max_measure_s, min_repeats=settings.min_repeats)
+        row.update(s.as_dict("fwd_ms"))
+        stage = "forward+backward timing"
+        s = timing.measure(step, dev, settings.warmup, settings.repeats, pre=zero,
+                           max_time_s=settings.max_measure_s, min_repeats=settings.min_repeats)
+        row.update(s.as_dict("fwdbwd_ms"))
+        stage = "memory"
+        zero()
+        row["fwd_peak_mb"] = timing.peak_memory_mb(fwd, dev)
+        row["fwdbwd_peak_mb"] = timing.peak_memory_mb(step, dev, pre=zero)
+        row["status"] = "ok"
+    except Unavailable as e:
+        row["status"] = f"n/a: {e}"
+    except Skipped as e:
+        row["status"] = f"skipped: {e}"
+    except Exception as e:
+        if timing.is_oom(e):
+            row["status"] = "OOM"
+            row["note"] = _join(row["note"], f"out of memory during {stage}")
+        else:
+            row["status"] = f"error: {_short(e)}"
+            row["note"] = _join(row["note"], f"during {stage}")
+            settings.errors.append(f"[{case.section} {case.graph.name} {case.name} {name}] "
+                                   f"during {stage}\n{traceback.format_exc()}")
+    finally:
+        zero()
+        prep = None
+        xr = None
+        timing.free_memory(dev)
+    return row
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
+
+
+def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
+             on_row: Optional[Callable[[Dict[str, Any]], None]] = None,
+             before: Optional[Callable[[str], Optional[str]]] = None,
+             after: Optional[Callable[[str, Dict[str, Any]], None]] = None
+             ) -> List[Dict[str, Any]]:
+    """Reference once, then every contender in order.  ``before(name)`` may
+    return a skip reason; ``after(name, row)`` sees each finished row."""
+    try:
+        ref = compute_reference(case, settings)
+    finally:
+        timing.free_memory(case.device)
+    rows = []
+    for name, factory in contenders.items():
+        reason = before(name) if before is not None else None
+        if reason:
+            row = base_row(case, name)
+            row["status"] = f"skipped: {reason}"
+        else:
+            row = run_contender(case, name, factory, ref, settings)
+        if ref.note:
+            row["note"] = _join(row["note"], ref.note)
+        if after is not None:
+            after(name, row)
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def deepcopy_to(module: torch.nn.Module, device, dtype) -> torch.nn.Module:
+    return copy.deepcopy(module).to(device=device, dtype=dtype)

@@ -1,0 +1,157 @@
+"""Timing and memory primitives of the benchmark suite.
+
+* GPU: every repeat is bracketed by a pair of CUDA events on the current
+  stream and synchronised before the next repeat (so no two repeats overlap
+  and the host cannot queue ahead); the elapsed time is the GPU time between
+  the events, which includes any launch gaps inside the measured call.
+* CPU: ``time.perf_counter`` around the call (no synchronisation needed).
+* Peak memory (GPU only): ``torch.cuda.reset_peak_memory_stats`` then
+  ``max_memory_allocated() - memory_allocated()`` measured just before the
+  call, i.e. the *extra* memory one call needs on top of what is resident
+  (inputs, weights, cached graph conversions).
+* Out-of-memory: :func:`is_oom` recognises ``torch.cuda.OutOfMemoryError``
+  (and the plain ``RuntimeError`` spelling older builds raise);
+  :func:`free_memory` releases what an aborted call left behind.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass, asdict
+from typing import Callable, List, Optional
+
+import torch
+
+
+def is_cuda(device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def sync(device) -> None:
+    if is_cuda(device):
+        torch.cuda.synchronize(torch.device(device))
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    msg = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg.lower()
+                                              and "CUDA" in msg)
+
+
+def free_memory(device=None) -> None:
+    gc.collect()
+    if torch.cuda.is_available() and (device is None or is_cuda(device)):
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class Stats:
+    """Summary of ``n`` repeats, in milliseconds."""
+
+    median: float
+    q25: float
+    q75: float
+    min: float
+    max: float
+    mean: float
+    n: int
+
+    def as_dict(self, prefix: str) -> dict:
+        return {f"{prefix}_{k}" if k != "median" else prefix: v for k, v in asdict(self).items()}
+
+    @property
+    def iqr_pct(self) -> float:
+        return 100.0 * (self.q75 - self.q25) / self.median if self.median > 0 else math.nan
+
+
+def _quantile(xs: List[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return math.nan
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(times_ms: List[float]) -> Stats:
+    return Stats(median=_quantile(times_ms, 0.5), q25=_quantile(times_ms, 0.25),
+                 q75=_quantile(times_ms, 0.75), min=min(times_ms), max=max(times_ms),
+                 mean=sum(times_ms) / len(times_ms), n=len(times_ms))
+
+
+def wall_once(fn: Callable[[], object], device) -> float:
+    """Wall-clock milliseconds of one call, synchronised on both ends (used for
+    first calls that include compilation / graph conversion)."""
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return (time.perf_counter() - t) * 1e3
+
+
+def measure(fn: Callable[[], object], device, warmup: int = 3, repeats: int = 10,
+            pre: Optional[Callable[[], None]] = None, max_time_s: Optional[float] = None,
+            min_repeats: int = 3) -> Stats:
+    """Median & spread of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
+
+    ``pre()`` runs before every call, outside the measured interval (e.g. to
+    drop gradients).  With ``max_time_s`` the number of repeats is reduced
+    (never below ``min_repeats``) when one call is so slow that the repeats
+    would take longer than that.
+    """
+    pre = pre or (lambda: None)
+    cuda = is_cuda(device)
+    for _ in range(max(warmup, 0)):
+        pre()
+        fn()
+    sync(device)
+    times: List[float] = []
+    start_all = time.perf_counter()
+    target = max(int(repeats), 1)
+    i = 0
+    while i < target:
+        pre()
+        if cuda:
+            s = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(float(s.elapsed_time(e)))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        i += 1
+        if max_time_s is not None and i == 1:
+            per = max(time.perf_counter() - start_all, 1e-9)
+            target = max(min(target, int(max_time_s / per)), min(min_repeats, target))
+    return summarize(times)
+
+
+def peak_memory_mb(fn: Callable[[], object], device,
+                   pre: Optional[Callable[[], None]] = None) -> Optional[float]:
+    """Extra GPU memory (MiB) one call of ``fn`` needs above what is allocated
+    before it; ``None`` on CPU (not measured)."""
+    if not is_cuda(device):
+        return None
+    if pre is not None:
+        pre()
+    dev = torch.device(device)
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    fn()
+    torch.cuda.synchronize(dev)
+    return (torch.cuda.max_memory_allocated(dev) - base) / 2**20
+
+
+def allocated_mb(device) -> Optional[float]:
+    if not is_cuda(device):
+        return None
+    return torch.cuda.memory_allocated(torch.device(device)) / 2**20

@@ -1,0 +1,233 @@
+"""End-to-end training-epoch benchmark: the training side's models, ``backend:
+fused`` vs ``backend: pyg``.
+
+For every entry of ``train.runs`` (a training config: inline mapping and/or
+``config: path.yaml`` plus ``overrides:``), the data set comes from
+``pyg_dfgnn.data.datasets.load_data`` and the model from
+``pyg_dfgnn.train.models.build_model`` -- once per backend, with the same seed,
+and the fused model additionally gets the PyG model's ``state_dict`` so both
+start from identical weights.  Before timing, the fused model's logits on the
+first training batch (eval mode, no grad) are compared with the PyG model's
+(``mismatch`` -> not timed).
+
+One *epoch* is a full pass over the training split: fresh ``DataLoader``
+batches (shuffled with a per-epoch seed, the same for both backends; moved to
+the device inside the epoch, as a real training loop does, so the fused
+layers' CSR conversion of each new batch is included), forward, cross-entropy,
+backward and an Adam step.  Its wall time is measured with device
+synchronisation at both ends.  Rows: ``fwdbwd_ms`` = training epoch,
+``fwd_ms`` = inference pass over the same batches (eval mode, no grad),
+``first_ms`` = the first (warm-up) epoch, ``fwdbwd_peak_mb`` = peak extra GPU
+memory over the timed epochs.  If the training stack cannot be imported, the
+run is reported as ``skipped: ...``.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from . import timing
+from .config import deep_merge, load_yaml
+from .runner import Settings, _short, rel_err
+
+
+def _imports():
+    from ..data.datasets import load_data  # noqa: F401
+    from ..train.config import config_from_dict  # noqa: F401
+    from ..train.models import BackendError, build_model  # noqa: F401
+    return load_data, config_from_dict, build_model, BackendError
+
+
+def _raw_config(run: Dict[str, Any]) -> Dict[str, Any]:
+    raw: Dict[str, Any] = {}
+    if run.get("config"):
+        raw = load_yaml(run["config"])
+    raw = deep_merge(raw, {k: v for k, v in run.items()
+                           if k not in ("config", "overrides", "label")})
+    return deep_merge(raw, run.get("overrides") or {})
+
+
+def _row(name: str, graph: str, backend: str, status: str, **kw) -> Dict[str, Any]:
+    r = {"section": "train", "graph": graph, "graph_kind": "train", "case": name,
+         "dtype": "float32", "contender": backend, "baseline": "pyg", "status": status,
+         "check": "", "max_err": None, "note": ""}
+    r.update(kw)
+    return r
+
+
+def _forward(model, batch):
+    kw = {}
+    if getattr(batch, "lap_pe", None) is not None:
+        kw["lap_pe"] = batch.lap_pe
+    return model(batch.x, batch.edge_index, **kw)
+
+
+def run_train(cfg: Dict[str, Any], settings: Settings, device: torch.device, out_dir: str,
+              on_row: Optional[Callable[[Dict[str, Any]], None]] = None
+              ) -> List[Dict[str, Any]]:
+    tc = cfg.get("train", {})
+    backends = list(tc.get("backends", ["fused", "pyg"]))
+    if "pyg" in backends:  # the baseline runs first
+        backends = ["pyg"] + [b for b in backends if b != "pyg"]
+    rows: List[Dict[str, Any]] = []
+
+    def emit(r):
+        rows.append(r)
+        if on_row is not None:
+            on_row(r)
+
+    runs = tc.get("runs") or []
+    try:
+        load_data, config_from_dict, build_model, BackendError = _imports()
+    except Exception as e:
+        for run in runs or [{"label": "-"}]:
+            for b in backends:
+                emit(_row(run.get("label") or "-", "-", b,
+                          f"skipped: pyg_dfgnn.train not ready ({_short(e, 100)})"))
+        return rows
+    data_root = tc.get("data_root") or os.path.join(out_dir, "train_data")
+    for run in runs:
+        label = run.get("label") or run.get("name") or "run"
+        try:
+            raw = _raw_config(run)
+            raw.setdefault("data", {}).setdefault("root", data_root)
+            raw["device"] = str(device)
+            tcfg = config_from_dict(raw)
+            bundle = load_data(tcfg.data, seed=tcfg.seed, log=lambda *_: None)
+        except Exception as e:
+            for b in backends:
+                emit(_row(label, "-", b, f"error: {_short(e)}", note="config / data"))
+            continue
+        rows_run = _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc,
+                              settings, device)
+        for r in rows_run:
+            emit(r)
+    return rows
+
+
+def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, settings,
+               device) -> List[Dict[str, Any]]:
+    from torch_geometric.loader import DataLoader
+    seed = int(tcfg.seed)
+    full = bundle.kind == "full"
+    if full:
+        data = bundle.data.to(device)
+        n_nodes, n_edges = int(data.num_nodes), int(data.edge_index.size(1))
+        gname = f"{bundle.name}"
+    else:
+        ds = bundle.train
+        n_nodes = sum(int(d.num_nodes) for d in ds)
+        n_edges = sum(int(d.edge_index.size(1)) for d in ds)
+        gname = f"{bundle.name}[{len(ds)}]"
+    m = tcfg.model
+    common = dict(graph_kind="train", num_nodes=n_nodes, num_edges=n_edges,
+                  heads=getattr(m, "heads", None), channels=getattr(m, "hidden", None),
+                  device=str(device))
+
+    def batches(epoch: int):
+        if full:
+            yield data
+            return
+        gen = torch.Generator().manual_seed(seed * 1000 + epoch)
+        for b in DataLoader(ds, batch_size=int(tcfg.batch_size), shuffle=True,
+                            generator=gen):
+            yield b.to(device, non_blocking=True)
+
+    def loss_of(out, b):
+        if full:
+            return torch.nn.functional.cross_entropy(out[b.train_mask], b.y[b.train_mask])
+        return torch.nn.functional.cross_entropy(out, b.y)
+
+    models: Dict[str, Any] = {}
+    rows = []
+    ref_logits = None
+    for b in backends:
+        row = _row(label, gname, b, "", **common,
+                   note=f"{m.name} hidden={m.hidden} layers={m.layers}; data: {bundle.source}")
+        stage = "build"
+        model = None
+        try:
+            torch.manual_seed(seed)
+            model = build_model(m, bundle.in_dim, bundle.num_classes, bundle.categorical,
+                                b).to(device)
+            if b != "pyg" and models.get("pyg") is not None:
+                model.load_state_dict(models["pyg"])  # identical starting weights
+            stage = "check"
+            first = next(iter(batches(0)))
+            model.eval()
+            with torch.no_grad():
+                logits = _forward(model, first).detach().cpu()
+            if b == "pyg":
+                ref_logits = logits
+                models["pyg"] = copy.deepcopy(model.state_dict())
+                row["check"] = "pyg"
+                row["max_err"] = 0.0
+            elif ref_logits is None:
+                row["check"] = "none"
+                row["note"] += "; unchecked: backend pyg did not run"
+            else:
+                err = rel_err(logits, ref_logits)
+                row["check"], row["max_err"] = "pyg", err
+                if not err <= settings.tol(torch.float32):
+                    row["status"] = "mismatch"
+                    row["note"] += f"; logits rel err {err:.3g} vs backend pyg"
+                    rows.append(row)
+                    continue
+            del first
+            opt = torch.optim.Adam(model.parameters(), lr=float(tcfg.optimizer.lr))
+
+            def train_epoch(epoch: int):
+                model.train()
+                for bt in batches(epoch):
+                    out = _forward(model, bt)
+                    loss = loss_of(out, bt)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+
+            def eval_epoch(epoch: int):
+                model.eval()
+                with torch.no_grad():
+                    for bt in batches(epoch):
+                        _forward(model, bt)
+
+            stage = "warm-up epochs"
+            warm = int(tc.get("warmup_epochs", 1))
+            for e in range(warm):
+                t = timing.wall_once(lambda: train_epoch(e), device)
+                if e == 0:
+                    row["first_ms"] = t
+            stage = "timed epochs"
+            base = timing.allocated_mb(device)
+            if timing.is_cuda(device):
+                torch.cuda.reset_peak_memory_stats(device)
+            times = [timing.wall_once(lambda: train_epoch(warm + e), device)
+                     for e in range(max(int(tc.get("epochs", 3)), 1))]
+            if timing.is_cuda(device):
+                row["fwdbwd_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20 - base
+            if "first_ms" not in row:
+                row["first_ms"] = times[0]
+            row.update(timing.summarize(times).as_dict("fwdbwd_ms"))
+            if tc.get("eval", True):
+                stage = "eval passes"
+                ev = [timing.wall_once(lambda: eval_epoch(e), device)
+                      for e in range(max(int(tc.get("epochs", 3)), 1))]
+                row.update(timing.summarize(ev).as_dict("fwd_ms"))
+            row["status"] = "ok"
+        except BackendError as e:
+            row["status"] = f"n/a: {_short(e, 100)}"
+        except Exception as e:
+            if timing.is_oom(e):
+                row["status"] = "OOM"
+                row["note"] += f"; out of memory during {stage}"
+            else:
+                row["status"] = f"error: {_short(e)}"
+                row["note"] += f"; during {stage}"
+        finally:
+            model = None
+            timing.free_memory(device)
+        rows.append(row)
+    return rows
