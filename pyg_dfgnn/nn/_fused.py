@@ -73,6 +73,19 @@ class FusedAttentionMixin:
 
     _pyg_cls: type = MessagePassing
 
+    def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
+        super()._set_jittable_templates(raise_on_error)
+        # PyG records ``cls.propagate`` as the "original" propagate used in
+        # explain mode and for ``decomposed_layers > 1``.  For a subclass of an
+        # already instantiated PyG conv that is the parent's *templated*
+        # propagate, which supports neither (explain masks would be ignored):
+        # pin PyG's generic implementation instead.
+        cls = type(self)
+        if cls.__dict__.get("_orig_propagate") is not generic_propagate:
+            cls._orig_propagate = generic_propagate
+            if self.__dict__.get("_explain") or self.__dict__.get("_decomposed_layers", 1) > 1:
+                self.propagate = generic_propagate.__get__(self, cls)  # (unpickling)
+
     def _fused_fallback_reason(self, *tensors: Any) -> Optional[str]:
         """Why this call cannot take the fused path (``None`` if it can).
 
@@ -142,21 +155,6 @@ class Adjacency(NamedTuple):
     adj: Any
 
 
-def _graph_of(adj: Any, size=None, self_loops=None) -> CSRGraph:
-    return get_graph(adj, size, self_loops)
-
-
-# The conversion is Python (weak-reference cache, one host sync on a miss):
-# under torch.compile it runs eagerly, everything around it stays traceable.
-_graph_of_eager = torch.compiler.disable(_graph_of)
-
-
-def _cached_graph(adj: Any, size=None, self_loops=None) -> CSRGraph:
-    if torch.compiler.is_compiling():
-        return _graph_of_eager(adj, size, self_loops)
-    return get_graph(adj, size, self_loops)
-
-
 def _torch_sparse_values(adj: Tensor) -> Tensor:
     return adj._values() if adj.layout == torch.sparse_coo else adj.values()
 
@@ -177,9 +175,6 @@ def _torch_sparse_looped_graph(adj: Tensor, fill_value: Any, num_nodes: int) -> 
         g.adj = looped
         return g
     return _graph._cache.get(adj, ("pyg_dfgnn.nn:torch_sparse_loops",), build)
-
-
-_torch_sparse_looped_graph_eager = torch.compiler.disable(_torch_sparse_looped_graph)
 
 
 def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
@@ -245,10 +240,10 @@ def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
     """
     if is_sparse_tensor(edge_index):
         if loops is not None:
-            graph = _cached_graph(edge_index, None, 0)  # torch_sparse.set_diag
+            graph = get_graph(edge_index, None, 0)  # torch_sparse.set_diag
             adj = graph.adj
         else:
-            graph = _cached_graph(edge_index)
+            graph = get_graph(edge_index)
             adj = edge_index
         ea = implied_edge_attr(adj, edge_attr) if use_edge_attr else None
         return Adjacency(graph, ea, adj)
@@ -256,17 +251,14 @@ def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
     if is_torch_sparse(edge_index):
         adj = edge_index
         if loops is None:
-            graph = _cached_graph(edge_index)
+            graph = get_graph(edge_index)
         elif edge_attr is not None or (use_edge_attr and
                                        implied_edge_attr(edge_index, None) is not None):
             # PyG's own functions (they refuse an explicit edge_attr here)
             adj, edge_attr = _pyg_loops(edge_index, edge_attr, fill_value, loops)
-            graph = _cached_graph(adj)
+            graph = get_graph(adj)
         else:
-            if torch.compiler.is_compiling():
-                graph = _torch_sparse_looped_graph_eager(edge_index, fill_value, loops)
-            else:
-                graph = _torch_sparse_looped_graph(edge_index, fill_value, loops)
+            graph = _torch_sparse_looped_graph(edge_index, fill_value, loops)
             adj = graph.adj
         ea = implied_edge_attr(adj, edge_attr) if use_edge_attr else None
         return Adjacency(graph, ea, adj)
@@ -280,13 +272,20 @@ def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
     adj = edge_index
     ea = edge_attr if use_edge_attr else None
     if loops is None:
-        graph = _cached_graph(edge_index, (ns, nd))
+        graph = get_graph(edge_index, (ns, nd))
     else:
         # graph.py applies remove/add_self_loops itself (cached, PyG's edge order)
-        graph = _cached_graph(edge_index, (ns, nd), loops)
+        graph = get_graph(edge_index, (ns, nd), loops)
         if ea is not None or need_adj:
             adj, ea = _pyg_loops(edge_index, ea, fill_value, loops)
     return Adjacency(graph, ea, adj)
+
+
+# The conversion is Python (weak-reference cache, one host sync on a miss):
+# under torch.compile it runs eagerly -- one graph break per layer call, at the
+# call site -- while everything around it, the fused op included, is traced.
+resolve_adjacency = torch.compiler.disable(
+    resolve_adjacency, reason="pyg_dfgnn: cached CSR conversion of the adjacency")
 
 
 # --------------------------------------------------------------------------- #

@@ -36,6 +36,10 @@ class AGNNConv(FusedAttentionMixin, _PyGAGNNConv):
             self._fused_fallback(reason, x)
             return super().forward(x, edge_index)
 
+        # The annotations below mirror PyG's: its Inspector caches class sources by
+        # class *name*, so the templates of PyG's own propagate (used
+        # on fallback) are generated from this class's source, not PyG's.
+        # propagate_type: (x: Tensor, x_norm: Tensor)
         N = x.size(self.node_dim)
         adj = resolve_adjacency(edge_index, None, N, N,
                                 loops=N if self.add_self_loops else None)

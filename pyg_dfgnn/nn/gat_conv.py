@@ -91,6 +91,11 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         alpha_src = (x_src * self.att_src).sum(dim=-1)
         alpha_dst = None if x_dst is None else (x_dst * self.att_dst).sum(-1)
 
+        # The annotations below mirror PyG's: its Inspector caches class sources by
+        # class *name*, so the templates of PyG's own propagate/edge_updater (used
+        # on fallback) are generated from this class's source, not PyG's.
+        # propagate_type: (x: OptPairTensor, alpha: Tensor)
+        # edge_updater_type: (alpha: OptPairTensor, edge_attr: OptTensor)
         num_nodes: Optional[int] = None
         if self.add_self_loops:
             check_sparse_loops(edge_index, True, self.edge_dim)

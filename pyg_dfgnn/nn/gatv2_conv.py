@@ -76,6 +76,11 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         assert x_l is not None
         assert x_r is not None
 
+        # The annotations below mirror PyG's: its Inspector caches class sources by
+        # class *name*, so the templates of PyG's own propagate/edge_updater (used
+        # on fallback) are generated from this class's source, not PyG's.
+        # propagate_type: (x: PairTensor, alpha: Tensor)
+        # edge_updater_type: (x: PairTensor, edge_attr: OptTensor)
         num_nodes: Optional[int] = None
         if self.add_self_loops:
             check_sparse_loops(edge_index, True, self.edge_dim)

@@ -169,13 +169,16 @@ def check_equivalence(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any], args
                       call_kwargs: Optional[Dict[str, Any]] = None, *,
                       device: str = "cpu", dtype=None, train: bool = False,
                       backward: bool = True, lazy: bool = False,
-                      fallback: Optional[str] = None) -> Tuple[Any, Any]:
+                      fallback: Optional[str] = None,
+                      prepare: Optional[Callable[[torch.nn.Module], Any]] = None
+                      ) -> Tuple[Any, Any]:
     """Forward (all return values) and backward (all parameter and input
     gradients) of PyG's layer and ours must agree; an exception raised by
     PyG must be raised by ours too.  ``args`` must already be on ``device``.
 
     Ours must take the fused path, unless ``fallback`` names (a part of) the
-    expected fallback reason."""
+    expected fallback reason.  ``prepare(module)`` runs on both layers after
+    the weights are copied."""
     dtype = dtype or dtype_for(device)
     call_kwargs = call_kwargs or {}
     tol = TOL[dtype]
@@ -183,6 +186,9 @@ def check_equivalence(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any], args
     ref, ours = build_pair(pyg_cls, our_cls, kwargs, dtype, device, warm)
     ref.train(train)
     ours.train(train)
+    if prepare is not None:
+        prepare(ref)
+        prepare(ours)
     reasons: list = []
     ours._fused_fallback = lambda reason, like: reasons.append(reason)
     args_r, kw_r = _clone(args), _clone(call_kwargs)
