@@ -115,6 +115,18 @@ def run(cfg: Dict[str, Any], out_dir: str) -> List[Dict[str, Any]]:
     after each graph (so an interrupted run keeps what it measured)."""
     import torch
 
+    device = resolve_device(cfg.get("device", "auto"))
+    threads = cfg.get("cpu_threads")
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        return _run(cfg, out_dir, device)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _run(cfg: Dict[str, Any], out_dir: str, device) -> List[Dict[str, Any]]:
     from . import report
     from .graphs import Unavailable, graph_name, load_graph
     from .layers import CompileGate, run_layers
@@ -122,10 +134,6 @@ def run(cfg: Dict[str, Any], out_dir: str) -> List[Dict[str, Any]]:
     from .runner import Settings, parse_dtype, timing
     from .train_bench import run_train
 
-    device = resolve_device(cfg.get("device", "auto"))
-    threads = cfg.get("cpu_threads")
-    if threads:
-        torch.set_num_threads(int(threads))
     settings = Settings.from_config(cfg)
     dtypes = [parse_dtype(d) for d in cfg.get("dtypes", ["float32"])]
     env = report.environment(device)
@@ -165,7 +173,7 @@ def run(cfg: Dict[str, Any], out_dir: str) -> List[Dict[str, Any]]:
             if wants_ops:
                 rows += run_ops(g, cfg, settings, dt, device, on_row=_progress)
         del g
-        timing.free_memory(device)
+        timing.free_memory(device, collect=True)
         dump()
     if cfg.get("train", {}).get("enabled", False):
         rows += run_train(cfg, settings, device, out_dir, on_row=_progress)

@@ -10,10 +10,11 @@ Kinds (``kind:`` key of a ``graphs:`` entry):
   a batch of PATTERN-like SBM graphs (imported lazily);
 * ``pyg``      -- any ``torch_geometric.datasets`` class already present under
   a data root (``dataset: Planetoid``, ``dataset_name: Cora``,
-  ``root: data/Planetoid``,
+  ``root: data/Planetoid`` or a list of candidate roots, the first non-empty
+  one wins; ``writable_copy: true`` processes a scratch copy of the root;
   optional ``kwargs:``; multi-graph data sets are batched: ``num_graphs``).
-  Nothing is downloaded: an empty or missing root makes the graph
-  unavailable.
+  Nothing is downloaded: no usable root makes the graph unavailable
+  (``skipped``).
 
 Only the structure is used: every layer gets random features of its own
 width, identical for every contender.
@@ -67,15 +68,32 @@ def _pattern(spec: Dict[str, Any]):
     return b.edge_index.long(), int(b.num_nodes)
 
 
+def _pyg_root(spec: Dict[str, Any]) -> str:
+    roots = _req(spec, "root")
+    roots = [roots] if isinstance(roots, str) else list(roots)
+    for r in roots:
+        if os.path.isdir(r) and os.listdir(r):
+            if spec.get("writable_copy", False):
+                # process into a scratch copy: the data root may be shared / read-only
+                import atexit
+                import shutil
+                import tempfile
+                tmp = tempfile.mkdtemp(prefix="dfgnn_bench_pyg_")
+                atexit.register(shutil.rmtree, tmp, True)
+                dst = os.path.join(tmp, "root")
+                shutil.copytree(r, dst)
+                return dst
+            return r
+    raise Unavailable(f"no data under {roots} (nothing is downloaded)")
+
+
 def _pyg_dataset(spec: Dict[str, Any]):
     import torch_geometric.datasets as D
     cls_name = _req(spec, "dataset")
-    root = _req(spec, "root")
-    if not os.path.isdir(root) or not os.listdir(root):
-        raise Unavailable(f"no data under {root!r} (nothing is downloaded)")
     cls = getattr(D, cls_name, None)
     if cls is None:
         raise Unavailable(f"torch_geometric.datasets has no {cls_name!r}")
+    root = _pyg_root(spec)
     kwargs = dict(spec.get("kwargs") or {})
     if "dataset_name" in spec:
         kwargs["name"] = spec["dataset_name"]

@@ -176,7 +176,7 @@ def compute_reference(case: Case, settings: Settings) -> Reference:
             ref.note = "; ".join(notes)
             return ref
         except Exception as e:  # OOM (or a baseline that cannot run at all)
-            timing.free_memory(case.device)
+            timing.free_memory(case.device, collect=True)
             notes.append(f"{label} reference: {'OOM' if timing.is_oom(e) else _short(e)}")
     return Reference(kind="none", note="; ".join(notes))
 
@@ -343,7 +343,8 @@ def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
         zero()
         prep = None
         xr = None
-        timing.free_memory(dev)
+        timing.free_memory(dev, collect=row["status"] == "OOM"
+                           or row["status"].startswith("error"))
     return row
 
 

@@ -1,29 +1,44 @@
 """End-to-end training-epoch benchmark: the training side's models, ``backend:
 fused`` vs ``backend: pyg``.
 
-For every entry of ``train.runs`` (a training config: inline mapping and/or
-``config: path.yaml`` plus ``overrides:``), the data set comes from
-``pyg_dfgnn.data.datasets.load_data`` and the model from
-``pyg_dfgnn.train.models.build_model`` -- once per backend, with the same seed,
-and the fused model additionally gets the PyG model's ``state_dict`` so both
-start from identical weights.  Before timing, the fused model's logits on the
-first training batch (eval mode, no grad) are compared with the PyG model's
-(``mismatch`` -> not timed).
+For every entry of ``train.runs`` (a training config: an inline mapping
+and/or ``config: path.yaml``, plus ``overrides:``) and every backend:
 
-One *epoch* is a full pass over the training split: fresh ``DataLoader``
-batches (shuffled with a per-epoch seed, the same for both backends; moved to
-the device inside the epoch, as a real training loop does, so the fused
-layers' CSR conversion of each new batch is included), forward, cross-entropy,
-backward and an Adam step.  Its wall time is measured with device
-synchronisation at both ends.  Rows: ``fwdbwd_ms`` = training epoch,
-``fwd_ms`` = inference pass over the same batches (eval mode, no grad),
-``first_ms`` = the first (warm-up) epoch, ``fwdbwd_peak_mb`` = peak extra GPU
-memory over the timed epochs.  If the training stack cannot be imported, the
-run is reported as ``skipped: ...``.
+1. **check** -- the model is built by ``pyg_dfgnn.train.models.build_model``
+   once per backend with the same seed (the fused model additionally gets the
+   PyG model's ``state_dict``) and their logits on the first training batch
+   (eval mode, no grad) are compared; a fused model that disagrees beyond
+   the float32 tolerance is reported as ``mismatch`` and not timed;
+2. **timing**, ``train.mode``:
+
+   * ``trainer`` (default when ``pyg_dfgnn.train.train`` exists): the real
+     trainer runs ``warmup_epochs + epochs`` epochs (checkpoints, scheduler
+     and early stopping off, its log captured to ``train/<run>_<backend>/``);
+     from its per-epoch history, ``fwdbwd_ms`` = the training pass
+     (``train_time_s``: batches, forward, loss, backward, optimizer step,
+     metrics), ``fwd_ms`` = the validation pass (``epoch_time_s -
+     train_time_s``), ``fwdbwd_peak_mb`` = the largest per-epoch
+     ``max_memory_allocated`` (absolute: model, optimizer state and data
+     included);
+   * ``loop``: a minimal loop of our own over the same model and data --
+     fresh ``DataLoader`` batches every epoch (shuffled with a per-epoch
+     seed, the same for both backends, moved to the device inside the epoch
+     so the fused layers' CSR conversion of each new batch is included),
+     forward, cross-entropy, backward, Adam step; ``fwd_ms`` = an inference
+     pass over the same batches; ``fwdbwd_peak_mb`` = peak *extra* memory
+     over the timed epochs.
+
+   ``first_ms`` is the first (warm-up) epoch.  Times are wall-clock with the
+   device synchronised at the end of each measured pass.
+
+If the training stack cannot be imported, the runs are reported as
+``skipped: ...``.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -65,6 +80,16 @@ def _forward(model, batch):
     return model(batch.x, batch.edge_index, **kw)
 
 
+def _trainer_fn():
+    """``pyg_dfgnn.train.train`` if the training package exposes it."""
+    try:
+        from .. import train as T
+    except Exception:
+        return None
+    fn = getattr(T, "train", None)
+    return fn if callable(fn) else None
+
+
 def run_train(cfg: Dict[str, Any], settings: Settings, device: torch.device, out_dir: str,
               on_row: Optional[Callable[[Dict[str, Any]], None]] = None
               ) -> List[Dict[str, Any]]:
@@ -88,6 +113,14 @@ def run_train(cfg: Dict[str, Any], settings: Settings, device: torch.device, out
                 emit(_row(run.get("label") or "-", "-", b,
                           f"skipped: pyg_dfgnn.train not ready ({_short(e, 100)})"))
         return rows
+    mode = tc.get("mode", "auto")
+    trainer = _trainer_fn() if mode in ("auto", "trainer") else None
+    if mode == "trainer" and trainer is None:
+        for run in runs:
+            for b in backends:
+                emit(_row(run.get("label") or "-", "-", b,
+                          "skipped: pyg_dfgnn.train.train not available (train.mode=trainer)"))
+        return rows
     data_root = tc.get("data_root") or os.path.join(out_dir, "train_data")
     for run in runs:
         label = run.get("label") or run.get("name") or "run"
@@ -101,15 +134,15 @@ def run_train(cfg: Dict[str, Any], settings: Settings, device: torch.device, out
             for b in backends:
                 emit(_row(label, "-", b, f"error: {_short(e)}", note="config / data"))
             continue
-        rows_run = _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc,
-                              settings, device)
-        for r in rows_run:
+        for r in _bench_run(label, raw, tcfg, bundle, backends, build_model, BackendError,
+                            config_from_dict, trainer, tc, settings, device, out_dir):
             emit(r)
     return rows
 
 
-def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, settings,
-               device) -> List[Dict[str, Any]]:
+def _bench_run(label, raw, tcfg, bundle, backends, build_model, BackendError,
+               config_from_dict, trainer, tc, settings, device, out_dir
+               ) -> List[Dict[str, Any]]:
     from torch_geometric.loader import DataLoader
     seed = int(tcfg.seed)
     full = bundle.kind == "full"
@@ -123,6 +156,8 @@ def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, set
         n_edges = sum(int(d.edge_index.size(1)) for d in ds)
         gname = f"{bundle.name}[{len(ds)}]"
     m = tcfg.model
+    warm = max(int(tc.get("warmup_epochs", 1)), 0)
+    epochs = max(int(tc.get("epochs", 3)), 1)
     common = dict(graph_kind="train", num_nodes=n_nodes, num_edges=n_edges,
                   heads=getattr(m, "heads", None), channels=getattr(m, "hidden", None),
                   device=str(device))
@@ -141,30 +176,32 @@ def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, set
             return torch.nn.functional.cross_entropy(out[b.train_mask], b.y[b.train_mask])
         return torch.nn.functional.cross_entropy(out, b.y)
 
-    models: Dict[str, Any] = {}
-    rows = []
+    pyg_state = None
     ref_logits = None
+    rows = []
     for b in backends:
+        how = "pyg_dfgnn.train.train" if trainer is not None else "bench loop"
         row = _row(label, gname, b, "", **common,
-                   note=f"{m.name} hidden={m.hidden} layers={m.layers}; data: {bundle.source}")
+                   note=f"{m.name} hidden={m.hidden} layers={m.layers}, timed by {how}; "
+                        f"data: {bundle.source}")
         stage = "build"
         model = None
         try:
             torch.manual_seed(seed)
             model = build_model(m, bundle.in_dim, bundle.num_classes, bundle.categorical,
                                 b).to(device)
-            if b != "pyg" and models.get("pyg") is not None:
-                model.load_state_dict(models["pyg"])  # identical starting weights
+            if b != "pyg" and pyg_state is not None:
+                model.load_state_dict(pyg_state)  # identical weights for the check
             stage = "check"
             first = next(iter(batches(0)))
             model.eval()
             with torch.no_grad():
                 logits = _forward(model, first).detach().cpu()
+            del first
             if b == "pyg":
                 ref_logits = logits
-                models["pyg"] = copy.deepcopy(model.state_dict())
-                row["check"] = "pyg"
-                row["max_err"] = 0.0
+                pyg_state = copy.deepcopy(model.state_dict())
+                row["check"], row["max_err"] = "pyg", 0.0
             elif ref_logits is None:
                 row["check"] = "none"
                 row["note"] += "; unchecked: backend pyg did not run"
@@ -176,7 +213,14 @@ def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, set
                     row["note"] += f"; logits rel err {err:.3g} vs backend pyg"
                     rows.append(row)
                     continue
-            del first
+            if trainer is not None:
+                model = None
+                timing.free_memory(device)
+                stage = "trainer"
+                _time_with_trainer(row, label, b, raw, config_from_dict, trainer, warm,
+                                   epochs, device, out_dir)
+                row["status"] = "ok"
+                continue
             opt = torch.optim.Adam(model.parameters(), lr=float(tcfg.optimizer.lr))
 
             def train_epoch(epoch: int):
@@ -195,7 +239,6 @@ def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, set
                         _forward(model, bt)
 
             stage = "warm-up epochs"
-            warm = int(tc.get("warmup_epochs", 1))
             for e in range(warm):
                 t = timing.wall_once(lambda: train_epoch(e), device)
                 if e == 0:
@@ -205,7 +248,7 @@ def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, set
             if timing.is_cuda(device):
                 torch.cuda.reset_peak_memory_stats(device)
             times = [timing.wall_once(lambda: train_epoch(warm + e), device)
-                     for e in range(max(int(tc.get("epochs", 3)), 1))]
+                     for e in range(epochs)]
             if timing.is_cuda(device):
                 row["fwdbwd_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20 - base
             if "first_ms" not in row:
@@ -213,8 +256,7 @@ def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, set
             row.update(timing.summarize(times).as_dict("fwdbwd_ms"))
             if tc.get("eval", True):
                 stage = "eval passes"
-                ev = [timing.wall_once(lambda: eval_epoch(e), device)
-                      for e in range(max(int(tc.get("epochs", 3)), 1))]
+                ev = [timing.wall_once(lambda: eval_epoch(e), device) for e in range(epochs)]
                 row.update(timing.summarize(ev).as_dict("fwd_ms"))
             row["status"] = "ok"
         except BackendError as e:
@@ -228,6 +270,42 @@ def _bench_run(label, tcfg, bundle, backends, build_model, BackendError, tc, set
                 row["note"] += f"; during {stage}"
         finally:
             model = None
-            timing.free_memory(device)
-        rows.append(row)
+            timing.free_memory(device, collect=row["status"] == "OOM"
+                               or row["status"].startswith("error"))
+            rows.append(row)
     return rows
+
+
+def _time_with_trainer(row, label, backend, raw, config_from_dict, trainer, warm, epochs,
+                       device, out_dir) -> None:
+    run_dir = os.path.join(out_dir, "train", f"{label}_{backend}")
+    raw_b = deep_merge(raw, {
+        "name": f"{label}_{backend}", "backend": backend, "epochs": warm + epochs,
+        "out_dir": run_dir, "device": str(device), "resume": None, "time_limit_min": None,
+        "eval_test_every": 0, "checkpoint": {"enabled": False},
+        "log": {"progress": False, "every": 1},
+        "early_stopping": {"patience": 0}, "scheduler": {"name": "none"},
+    })
+    cfg = config_from_dict(raw_b)
+    os.makedirs(run_dir, exist_ok=True)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        res = trainer(cfg)
+    with open(os.path.join(run_dir, "bench_stdout.log"), "w") as f:
+        f.write(buf.getvalue())
+    hist = list(res.get("history") or [])
+    if len(hist) < warm + 1:
+        raise RuntimeError(f"the trainer ran {len(hist)} epoch(s), expected {warm + epochs} "
+                           f"(stop reason: {res.get('stop_reason')})")
+    timed = hist[warm:]
+    tr = [1e3 * float(h["train_time_s"]) for h in timed]
+    va = [1e3 * max(float(h["epoch_time_s"]) - float(h["train_time_s"]), 0.0) for h in timed]
+    row["first_ms"] = 1e3 * float(hist[0]["train_time_s"])
+    row.update(timing.summarize(tr).as_dict("fwdbwd_ms"))
+    row.update(timing.summarize(va).as_dict("fwd_ms"))
+    peaks = [h.get("peak_gpu_mem_bytes") for h in timed if h.get("peak_gpu_mem_bytes")]
+    if peaks:
+        row["fwdbwd_peak_mb"] = max(peaks) / 2**20
+    metrics = res.get("metrics") or {}
+    if metrics.get("final_train_loss") is not None:
+        row["note"] += f"; final train loss {float(metrics['final_train_loss']):.4f}"

@@ -1,0 +1,148 @@
+"""`dfgnn bench --quick` end to end on the CPU, plus the CLI's other modes."""
+import csv
+import json
+import os
+
+import pytest
+
+from pyg_dfgnn.cli import main as dfgnn_main
+
+LAYERS = ("gat", "gatv2", "transformer", "agnn")
+GRAPHS = ("uniform_1k", "powerlaw_1k", "pattern_4")
+
+
+def _torch_sparse_usable():
+    try:
+        import torch_sparse  # noqa: F401
+        import torch_geometric.typing as t
+        return bool(t.WITH_TORCH_SPARSE)
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_quick")
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc = dfgnn_main(["bench", "--quick", "--out", str(out)])
+    finally:
+        torch.set_num_threads(old)
+    with open(out / "results.json") as f:
+        data = json.load(f)
+    return rc, out, data
+
+
+def _rows(data, **kw):
+    return [r for r in data["results"] if all(r.get(k) == v for k, v in kw.items())]
+
+
+def test_quick_run_writes_every_report(quick_run, capsys):
+    rc, out, data = quick_run
+    assert rc == 0
+    for name in ("results.csv", "results.json", "table.txt", "summary.txt",
+                 "speedup_layer.png", "memory_layer.png", "speedup_op.png", "memory_op.png"):
+        p = out / name
+        assert p.is_file() and p.stat().st_size > 0, name
+    with open(out / "speedup_layer.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    env = data["environment"]
+    for k in ("gpu", "driver", "torch", "torch_geometric", "cuda_runtime", "python"):
+        assert k in env
+    assert env["device"] == "cpu"
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(data["results"])
+    assert {"fwd_ms", "fwd_ms_q25", "fwd_ms_q75", "fwdbwd_ms", "speedup_fwd",
+            "fwdbwd_peak_mb", "status", "max_err"} <= set(rows[0])
+    table = (out / "table.txt").read_text()
+    assert "conv layers" in table and "raw attention ops" in table
+
+
+def test_quick_run_layers(quick_run):
+    _, _, data = quick_run
+    for g in GRAPHS:
+        for layer in LAYERS:
+            by = {r["contender"]: r for r in _rows(data, section="layer", graph=g, case=layer)}
+            assert set(by) == {"fused", "pyg", "pyg_sparse", "pyg_compile"}, (g, layer)
+            for c in ("fused", "pyg"):
+                r = by[c]
+                assert r["status"] == "ok", (g, layer, c, r["status"], r["note"])
+                assert r["check"] == "fp64" and r["max_err"] < 1e-4
+                assert 0 < r["fwd_ms_min"] <= r["fwd_ms"] <= r["fwd_ms_max"]
+                assert 0 < r["fwdbwd_ms"]
+            assert by["pyg"]["speedup_fwd"] == 1.0
+            assert by["fused"]["speedup_fwdbwd"] > 0
+            if _torch_sparse_usable():
+                assert by["pyg_sparse"]["status"] == "ok"
+            else:
+                assert by["pyg_sparse"]["status"] == "n/a: torch_sparse missing"
+            assert by["pyg_compile"]["status"].startswith("skipped:")
+
+
+def test_quick_run_ops_and_train(quick_run):
+    _, _, data = quick_run
+    for g in ("uniform_1k", "powerlaw_1k"):
+        for op in ("gat", "gatv2", "dot"):
+            by = {r["contender"]: r for r in _rows(data, section="op", graph=g, case=op)}
+            assert by["fused"]["status"] == "ok" and by["naive"]["status"] == "ok"
+            assert by["fused"]["max_err"] < 1e-4
+    assert not _rows(data, section="op", graph="pattern_4")  # ops.graphs restricts
+    train = _rows(data, section="train")
+    assert {r["contender"] for r in train} == {"fused", "pyg"}
+    for r in train:  # the training stack belongs to another module: never a crash
+        assert r["status"], r
+
+
+def test_summary_is_printed_last(quick_run, capsys):
+    _, out, _ = quick_run
+    assert dfgnn_main(["bench", "--summary", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "base f+b ms" in text and "uniform_1k" in text
+
+
+def test_ops_mode(tmp_path):
+    out = tmp_path / "ops"
+    rc = dfgnn_main(["bench", "--quick", "--ops", "--graphs", "uniform_1k", "--no-plots",
+                     "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    assert {r["section"] for r in data["results"]} == {"op"}
+    assert len(data["results"]) == 6
+    assert not any(p.endswith(".png") for p in os.listdir(out))
+
+
+def test_bad_arguments(tmp_path):
+    assert dfgnn_main(["bench", "no_such_config.yaml", "--out", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit):
+        dfgnn_main(["bench", "--quick", "--graphs", "nope", "--out", str(tmp_path)])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("layers: {contenders: [fused, warp_drive]}\ngraphs:\n"
+                   "  - {name: u, kind: uniform, num_nodes: 50, num_edges: 200}\n"
+                   "device: cpu\nplots: false\n")
+    assert dfgnn_main(["bench", str(bad), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_unavailable_graph_is_skipped(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "device: cpu\nplots: false\ntiming: {warmup: 0, repeats: 1}\n"
+        "layers: {names: [agnn], channels: 8, contenders: [pyg]}\n"
+        "graphs:\n"
+        f"  - {{name: nothing, kind: pyg, dataset: Planetoid, dataset_name: Cora, "
+        f"root: {tmp_path / 'empty'}}}\n"
+        "  - {name: tiny, kind: uniform, num_nodes: 50, num_edges: 200}\n")
+    assert dfgnn_main(["bench", str(cfg), "--out", str(tmp_path / "o")]) == 0
+    data = json.loads((tmp_path / "o" / "results.json").read_text())
+    st = {r["graph"]: r["status"] for r in data["results"]}
+    assert st["nothing"].startswith("skipped: no data under")
+    assert st["tiny"] == "ok"
+
+
+def test_pyg_dataset_graph(planetoid_root):
+    from pyg_dfgnn.bench.graphs import load_graph
+    g = load_graph({"name": "cora", "kind": "pyg", "dataset": "Planetoid",
+                    "dataset_name": "Cora", "root": ["/nonexistent", planetoid_root]})
+    assert g.num_nodes == 2708 and g.num_edges == 10556
