@@ -26,7 +26,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from .graphs import BenchGraph, Unavailable
-from .runner import Case, Factory, Prepared, Settings, Skipped, deepcopy_to, run_case
+from .runner import (Case, Factory, Prepared, Settings, Skipped, deepcopy_to,
+                     failed_case_rows, run_case)
 
 #: name -> (class name, multi-head?)
 LAYERS: Dict[str, tuple] = {
@@ -202,9 +203,20 @@ def run_layers(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings,
     facts = contenders or contender_factories(list(lc["contenders"]), cfg.get("compile", {}))
     rows: List[Dict[str, Any]] = []
     for name in lc["names"]:
-        case = build_case(graph, name, int(lc["heads"]), int(lc["channels"]),
-                          int(lc["in_channels"]), dtype, device, int(cfg.get("seed", 0)),
-                          (lc.get("kwargs") or {}).get(name))
+        if name not in LAYERS:
+            raise ValueError(f"unknown layer {name!r}; choose from {sorted(LAYERS)}")
+        try:
+            case = build_case(graph, name, int(lc["heads"]), int(lc["channels"]),
+                              int(lc["in_channels"]), dtype, device, int(cfg.get("seed", 0)),
+                              (lc.get("kwargs") or {}).get(name))
+        except Exception as e:
+            failed = failed_case_rows("layer", graph, name, dtype, device, "pyg", facts, e,
+                                      settings)
+            for r in failed:
+                if on_row is not None:
+                    on_row(r)
+            rows += failed
+            continue
 
         def before(cname: str) -> Optional[str]:
             return gate.reason(graph) if cname == "pyg_compile" else None

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from .graphs import BenchGraph, Unavailable
-from .runner import Case, Factory, Prepared, Settings, run_case
+from .runner import Case, Factory, Prepared, Settings, failed_case_rows, run_case
 
 OPS = ("gat", "gatv2", "dot")
 
@@ -113,8 +113,18 @@ def run_ops(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings, dtype: t
     facts = contenders or op_factories(list(oc.get("contenders", ["fused", "naive"])))
     rows: List[Dict[str, Any]] = []
     for name in oc["names"]:
-        case = build_op_case(graph, name, int(oc["heads"]), int(oc["channels"]), dtype, device,
-                             int(cfg.get("seed", 0)))
+        _kind(name)  # unknown op names are a config error
+        try:
+            case = build_op_case(graph, name, int(oc["heads"]), int(oc["channels"]), dtype,
+                                 device, int(cfg.get("seed", 0)))
+        except Exception as e:
+            failed = failed_case_rows("op", graph, name, dtype, device, "naive", facts, e,
+                                      settings)
+            for r in failed:
+                if on_row is not None:
+                    on_row(r)
+            rows += failed
+            continue
         rows += run_case(case, facts, settings, on_row=on_row)
         del case
     return rows

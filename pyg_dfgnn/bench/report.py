@@ -94,8 +94,34 @@ def environment(device: Any = None) -> Dict[str, Any]:
         env["gpu_memory_gb"] = round(p.total_memory / 2**30, 1)
         drv = _cmd(["nvidia-smi", f"--id={idx}", "--query-gpu=driver_version",
                     "--format=csv,noheader"])
-        env["driver"] = drv.splitlines()[0].strip() if drv else None
+        env["driver"] = drv.splitlines()[0].strip() if drv else _nvml_driver()
+        env["cuda_driver_api"] = _cuda_driver_api()
+        env["tf32_matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     return env
+
+
+def _nvml_driver() -> Optional[str]:
+    try:
+        import pynvml  # type: ignore
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:
+        return None
+
+
+def _cuda_driver_api() -> Optional[str]:
+    """CUDA version the installed driver supports (``cuDriverGetVersion``)."""
+    try:
+        import ctypes
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int()
+        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+            return f"{v.value // 1000}.{(v.value % 1000) // 10}"
+    except Exception:
+        pass
+    return None
 
 
 def _cpu_name() -> Optional[str]:

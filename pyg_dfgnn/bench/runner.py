@@ -130,6 +130,10 @@ class Reference:
     out: Optional[Tensor] = None               # CPU
     grads: Dict[str, Tensor] = field(default_factory=dict)  # CPU
     note: str = ""
+    #: the baseline's own forward+backward (working dtype, case device) ran
+    #: out of memory: the baseline contender is reported as OOM without
+    #: trying again
+    baseline_oom: bool = False
 
 
 def _drop_grads(tensors) -> None:
@@ -170,15 +174,20 @@ def compute_reference(case: Case, settings: Settings) -> Reference:
         cdt = case.dtype if case.dtype in (torch.float32, torch.float64) else torch.float32
         attempts.append((f"{case.baseline}-cpu-fwd", torch.device("cpu"), cdt, False))
     notes = []
+    base_oom = False
     for label, dev, dt, grads in attempts:
         try:
             ref = _reference_once(case, label, dev, dt, grads)
             ref.note = "; ".join(notes)
+            ref.baseline_oom = base_oom
             return ref
         except Exception as e:  # OOM (or a baseline that cannot run at all)
+            oom = timing.is_oom(e)
             timing.free_memory(case.device, collect=True)
-            notes.append(f"{label} reference: {'OOM' if timing.is_oom(e) else _short(e)}")
-    return Reference(kind="none", note="; ".join(notes))
+            notes.append(f"{label} reference: {'OOM' if oom else _short(e)}")
+            if oom and label == case.baseline and grads:
+                base_oom = True
+    return Reference(kind="none", note="; ".join(notes), baseline_oom=base_oom)
 
 
 def rel_err(y: Tensor, ref: Tensor) -> float:
@@ -293,7 +302,6 @@ def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
         out.backward(case.grad_out)
         timing.sync(dev)
         row["first_fwdbwd_ms"] = (time.perf_counter() - t0) * 1e3
-        mem1 = timing.allocated_mb(dev)
         row["check"] = ref.kind
         if ref.kind != "none":
             grads = {f"input{i}": x.grad for i, x in enumerate(xr) if x.grad is not None}
@@ -310,8 +318,9 @@ def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
             row["note"] = _join(row["note"], "unchecked: no reference fits")
         del out
         zero()
+        mem1 = timing.allocated_mb(dev)
         if mem0 is not None and mem1 is not None:
-            # resident memory the contender keeps (caches, converted adjacency, grads)
+            # memory the contender keeps between calls (caches, converted adjacency)
             row["resident_mb"] = max(mem1 - mem0, 0.0)
         stage = "forward timing"
         s = timing.measure(fwd, dev, settings.warmup, settings.repeats,
@@ -369,6 +378,10 @@ def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
         if reason:
             row = base_row(case, name)
             row["status"] = f"skipped: {reason}"
+        elif name == case.baseline and ref.baseline_oom:
+            row = base_row(case, name)
+            row["status"] = "OOM"
+            row["note"] = "out of memory in forward+backward (while computing the reference)"
         else:
             row = run_contender(case, name, factory, ref, settings)
         if ref.note:
@@ -378,6 +391,26 @@ def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
         rows.append(row)
         if on_row is not None:
             on_row(row)
+    return rows
+
+
+def failed_case_rows(section: str, graph: BenchGraph, name: str, dtype: torch.dtype,
+                     device, baseline: str, contenders, exc: BaseException,
+                     settings: Settings) -> List[Dict[str, Any]]:
+    """Rows for every contender of a case whose inputs could not even be built."""
+    oom = timing.is_oom(exc)
+    if not oom:
+        settings.errors.append(f"[{section} {graph.name} {name}] building the case\n"
+                               f"{traceback.format_exc()}")
+    timing.free_memory(device, collect=True)
+    rows = []
+    for c in contenders:
+        r = {"section": section, "graph": graph.name, "graph_kind": graph.kind,
+             "num_nodes": graph.num_nodes, "num_edges": graph.num_edges, "case": name,
+             "dtype": dtype_name(dtype), "device": str(device), "contender": c,
+             "baseline": baseline, "status": "OOM" if oom else f"error: {_short(exc)}",
+             "check": "", "max_err": None, "note": "while building the inputs"}
+        rows.append(r)
     return rows
 
 

@@ -34,11 +34,20 @@ def sync(device) -> None:
 
 
 def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    msg = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in msg.lower()
-                                              and "CUDA" in msg)
+    """``torch.cuda.OutOfMemoryError`` anywhere in the exception's cause chain
+    (torch.compile wraps errors raised while compiling), or a RuntimeError
+    with CUDA's out-of-memory message."""
+    seen = set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            return True
+        msg = str(e)
+        if isinstance(e, RuntimeError) and "out of memory" in msg.lower() and "CUDA" in msg:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def free_memory(device=None, collect: bool = False) -> None:

@@ -142,9 +142,35 @@ def test_unchecked_when_no_reference_fits():
     def reference(dev, dt):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
     case.reference = reference
-    rows = run_case(case, {"pyg": pyg_factory}, _settings())
-    assert rows[0]["status"] == "ok" and rows[0]["check"] == "none"
-    assert "unchecked" in rows[0]["note"]
+    rows = run_case(case, {"pyg": pyg_factory, "other": pyg_factory}, _settings())
+    # the baseline's forward+backward already ran out of memory: not tried again
+    assert rows[0]["status"] == "OOM" and "reference" in rows[0]["note"]
+    # other contenders are timed, flagged as unchecked
+    assert rows[1]["status"] == "ok" and rows[1]["check"] == "none"
+    assert "unchecked" in rows[1]["note"]
+
+
+def test_case_that_cannot_be_built(monkeypatch):
+    import pyg_dfgnn.bench.layers as L
+    from pyg_dfgnn.bench.config import BASE, deep_merge
+
+    def boom(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    monkeypatch.setattr(L, "build_case", boom)
+    cfg = deep_merge(BASE, {"layers": {"names": ["gat"], "contenders": ["fused", "pyg"]}})
+    rows = L.run_layers(_graph(), cfg, _settings(), torch.float32, CPU,
+                        L.CompileGate({"enabled": False}))
+    assert [(r["contender"], r["status"]) for r in rows] == [("fused", "OOM"), ("pyg", "OOM")]
+
+
+def test_oom_in_cause_chain():
+    try:
+        try:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        except Exception as inner:
+            raise ValueError("compile failed") from inner
+    except ValueError as e:
+        assert timing.is_oom(e)
 
 
 def test_fp64_reference_threshold():
