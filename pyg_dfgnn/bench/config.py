@@ -17,6 +17,8 @@ BASE: Dict[str, Any] = {
     "device": "auto",            # auto | cuda | cuda:N | cpu
     "dtypes": ["float32"],
     "seed": 0,
+    "time_budget_s": None,       # no new case starts after this many seconds (skipped rows)
+    "cpu_threads": None,         # torch.set_num_threads for the run (None: unchanged)
     "timing": {
         "warmup": 3,
         "repeats": 15,

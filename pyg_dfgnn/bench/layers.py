@@ -205,6 +205,15 @@ def run_layers(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings,
     for name in lc["names"]:
         if name not in LAYERS:
             raise ValueError(f"unknown layer {name!r}; choose from {sorted(LAYERS)}")
+        late = settings.out_of_time()
+        if late:
+            skipped = failed_case_rows("layer", graph, name, dtype, device, "pyg", facts, None,
+                                       settings, status=f"skipped: {late}")
+            for r in skipped:
+                if on_row is not None:
+                    on_row(r)
+            rows += skipped
+            continue
         try:
             case = build_case(graph, name, int(lc["heads"]), int(lc["channels"]),
                               int(lc["in_channels"]), dtype, device, int(cfg.get("seed", 0)),

@@ -114,6 +114,15 @@ def run_ops(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings, dtype: t
     rows: List[Dict[str, Any]] = []
     for name in oc["names"]:
         _kind(name)  # unknown op names are a config error
+        late = settings.out_of_time()
+        if late:
+            skipped = failed_case_rows("op", graph, name, dtype, device, "naive", facts, None,
+                                       settings, status=f"skipped: {late}")
+            for r in skipped:
+                if on_row is not None:
+                    on_row(r)
+            rows += skipped
+            continue
         try:
             case = build_op_case(graph, name, int(oc["heads"]), int(oc["channels"]), dtype,
                                  device, int(cfg.get("seed", 0)))

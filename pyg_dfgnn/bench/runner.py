@@ -88,6 +88,15 @@ class Settings:
     floor: float = 1e-2          # see :func:`compare`
     verbose: bool = False
     errors: List[str] = field(default_factory=list)  # tracebacks, written to errors.log
+    #: ``time.perf_counter()`` after which no new case starts (``time_budget_s``)
+    deadline: Optional[float] = None
+    budget_s: Optional[float] = None
+
+    def out_of_time(self) -> Optional[str]:
+        """The skip reason once the run's time budget is spent, else ``None``."""
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            return f"time budget of {self.budget_s:g}s (time_budget_s) used up"
+        return None
 
     @classmethod
     def from_config(cls, cfg: Dict[str, Any]) -> "Settings":
@@ -103,6 +112,9 @@ class Settings:
         s.cpu_fallback = bool(c.get("cpu_fallback", s.cpu_fallback))
         s.check_grads = bool(c.get("grads", s.check_grads))
         s.floor = float(c.get("floor", s.floor))
+        if cfg.get("time_budget_s"):
+            s.budget_s = float(cfg["time_budget_s"])
+            s.deadline = time.perf_counter() + s.budget_s
         return s
 
     def tol(self, dtype: torch.dtype) -> float:
@@ -395,21 +407,27 @@ def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
 
 
 def failed_case_rows(section: str, graph: BenchGraph, name: str, dtype: torch.dtype,
-                     device, baseline: str, contenders, exc: BaseException,
-                     settings: Settings) -> List[Dict[str, Any]]:
-    """Rows for every contender of a case whose inputs could not even be built."""
-    oom = timing.is_oom(exc)
-    if not oom:
-        settings.errors.append(f"[{section} {graph.name} {name}] building the case\n"
-                               f"{traceback.format_exc()}")
-    timing.free_memory(device, collect=True)
+                     device, baseline: str, contenders, exc: Optional[BaseException],
+                     settings: Settings, status: Optional[str] = None
+                     ) -> List[Dict[str, Any]]:
+    """Rows for every contender of a case that did not run: its inputs could
+    not be built (``exc``), or it was skipped (``status``)."""
+    note = ""
+    if exc is not None:
+        oom = timing.is_oom(exc)
+        if not oom:
+            settings.errors.append(f"[{section} {graph.name} {name}] building the case\n"
+                                   f"{traceback.format_exc()}")
+        timing.free_memory(device, collect=True)
+        status = "OOM" if oom else f"error: {_short(exc)}"
+        note = "while building the inputs"
     rows = []
     for c in contenders:
         r = {"section": section, "graph": graph.name, "graph_kind": graph.kind,
              "num_nodes": graph.num_nodes, "num_edges": graph.num_edges, "case": name,
              "dtype": dtype_name(dtype), "device": str(device), "contender": c,
-             "baseline": baseline, "status": "OOM" if oom else f"error: {_short(exc)}",
-             "check": "", "max_err": None, "note": "while building the inputs"}
+             "baseline": baseline, "status": status, "check": "", "max_err": None,
+             "note": note}
         rows.append(r)
     return rows
 

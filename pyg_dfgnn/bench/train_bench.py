@@ -124,6 +124,11 @@ def run_train(cfg: Dict[str, Any], settings: Settings, device: torch.device, out
     data_root = tc.get("data_root") or os.path.join(out_dir, "train_data")
     for run in runs:
         label = run.get("label") or run.get("name") or "run"
+        late = settings.out_of_time()
+        if late:
+            for b in backends:
+                emit(_row(label, "-", b, f"skipped: {late}"))
+            continue
         try:
             raw = _raw_config(run)
             raw.setdefault("data", {}).setdefault("root", data_root)

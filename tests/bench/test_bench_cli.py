@@ -146,3 +146,18 @@ def test_pyg_dataset_graph(planetoid_root):
     g = load_graph({"name": "cora", "kind": "pyg", "dataset": "Planetoid",
                     "dataset_name": "Cora", "root": ["/nonexistent", planetoid_root]})
     assert g.num_nodes == 2708 and g.num_edges == 10556
+
+
+def test_time_budget_skips_the_rest(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "device: cpu\nplots: false\ntime_budget_s: 1.0e-9\n"
+        "layers: {names: [gat, agnn], heads: 1, channels: 4, in_channels: 4,"
+        " contenders: [fused, pyg]}\n"
+        "ops: {enabled: true, names: [dot], heads: 1, channels: 4}\n"
+        "train: {enabled: true, runs: [{label: r, data: {name: PATTERN}}]}\n"
+        "graphs:\n  - {name: tiny, kind: uniform, num_nodes: 30, num_edges: 90}\n")
+    assert dfgnn_main(["bench", str(cfg), "--out", str(tmp_path / "o")]) == 0
+    data = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert len(data["results"]) == 2 * 2 + 2 + 2
+    assert all(r["status"].startswith("skipped: time budget") for r in data["results"])
