@@ -125,7 +125,7 @@ def _subset(ds, n):
     return ds[: int(n)]
 
 
-def _load_planetoid(name, root, download, log) -> DataBundle:
+def _load_planetoid(name, root, download, normalize, log) -> DataBundle:
     from torch_geometric.datasets import Planetoid
     raw_dir = osp.join(root, name, "raw")
     needed = [f"ind.{name.lower()}.{n}" for n in ("x", "tx", "allx", "y", "ty", "ally",
@@ -141,7 +141,11 @@ def _load_planetoid(name, root, download, log) -> DataBundle:
     except Exception as e:
         raise DataError(f"loading Planetoid {name} from {root} failed: {e}") from e
     data = ds[0]
-    src = f"PyG Planetoid '{name}' (public split) from {osp.join(root, name)}"
+    if normalize:
+        from torch_geometric.transforms import NormalizeFeatures
+        data = NormalizeFeatures()(data)
+    src = (f"PyG Planetoid '{name}' (public split) from {osp.join(root, name)}"
+           + (", row-normalised features" if normalize else ""))
     stats = {"num_nodes": int(data.num_nodes), "num_edges": int(data.num_edges),
              "train/val/test": [int(data.train_mask.sum()), int(data.val_mask.sum()),
                                 int(data.test_mask.sum())]}
@@ -205,7 +209,8 @@ def load_data(cfg, seed: int = 0, log: Callable[[str], None] = print) -> DataBun
         raise DataError(f"data.source=generated is only available for PATTERN and CLUSTER, "
                         f"not {name}")
     if name in PLANETOID_NAMES:
-        return _load_planetoid(name, root, bool(cfg.download), log)
+        return _load_planetoid(name, root, bool(cfg.download),
+                               bool(getattr(cfg, "normalize_features", False)), log)
     return _load_synthetic(name, cfg, gen_seed, log)
 
 

@@ -60,6 +60,8 @@ class DataConfig:
     gen_seed: Optional[int] = _f(0, help="seed of the SBM / synthetic generator "
                                          "(null = the run's seed)")
     num_workers: int = _f(0, help="DataLoader worker processes")
+    normalize_features: bool = _f(False, help="Planetoid: row-normalise the bag-of-words "
+                                              "features (as the GAT / AGNN papers)")
     # synthetic graphs (scale runs)
     num_nodes: int = _f(100_000, help="synthetic: number of nodes")
     num_edges: int = _f(1_000_000, help="synthetic: number of edges")
