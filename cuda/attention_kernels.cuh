@@ -377,6 +377,22 @@ __global__ void __launch_bounds__(kThreads) alpha_kernel(const Params<T, I> p) {
   }
 }
 
+// dP of one chunk: lane t gets <dO_i, v_j (+ e_ij)> of edge base + t.
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ float chunk_dP(const Params<T, I>& p, const Group& g, const T* dO,
+                                          int64_t h, int64_t base, int64_t end, int64_t j,
+                                          int64_t eo) {
+  float dP = 0.f;
+  const int cnt = (int)imin(g.G, end - base);
+  for (int t = 0; t < cnt; ++t) {
+    const int64_t jt = g.bcast(j, t), et = g.bcast(eo, t);
+    const T* ev = (KIND == DOT && p.edge) ? p.edge + (et * p.H + h) * p.F : nullptr;
+    const float d = vec_dot<T, VEC>(g, dO, p.val + (jt * p.H + h) * p.F, ev, p.F);
+    if (g.lg == t) dP = d;
+  }
+  return dP;
+}
+
 // ============================================================== backward
 // Row pass: per (item, head) recompute alpha, write dS-derived g and the
 // post-dropout alpha per edge, accumulate destination-side gradients.
@@ -396,8 +412,28 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
   const int64_t F = p.F, f0 = (int64_t)blockIdx.y * p.tile;
   const float a_dst = KIND == GAT ? to_f(p.dst[row * p.H + h]) : 0.f;
   const T* dO = p.dout + (row * p.H + h) * F;
-  const float delta = vec_dot<T, VEC>(g, dO, p.o + (row * p.H + h) * F, nullptr, F);
+  float delta = vec_dot<T, VEC>(g, dO, p.o + (row * p.H + h) * F, nullptr, F);
   const float lse = p.lse_in[row * p.H + h];
+  if constexpr (sizeof(T) < 4) {
+    // fp16/bf16: O was rounded when stored, and <dO, O> then biases every dS of
+    // the row.  Recompute Delta = sum_j alpha~_ij dP_ij in fp32 instead (one
+    // extra pass; split rows keep the stored-O form).
+    if (slot < 0) {
+      float dsum = 0.f;
+      for (int64_t base = begin; base < end; base += g.G) {
+        const int64_t e = base + g.lg;
+        const bool valid = e < end;
+        const int64_t j = valid ? (int64_t)p.col[e] : 0;
+        const int64_t eo = valid ? (p.perm ? (int64_t)p.perm[e] : e) : 0;
+        float z;
+        const float s =
+            chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
+        const float dP = chunk_dP<KIND, T, I, VEC>(p, g, dO, h, base, end, j, eo);
+        if (valid) dsum += __expf(s - lse) * keep_factor(p.drop_p, p.seed, e, p.H, h) * dP;
+      }
+      delta = g.sum(dsum);
+    }
+  }
 
   float gacc = 0.f;
   float acc[kMaxChunks][VEC], acc2[kMaxChunks][VEC];
@@ -413,15 +449,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
     const int64_t eo = valid ? (p.perm ? (int64_t)p.perm[e] : e) : 0;
     float z;
     const float s = chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
-    // dP_ij = <dO_i, v_j (+ e_ij)>
-    float dP = 0.f;
+    const float dP = chunk_dP<KIND, T, I, VEC>(p, g, dO, h, base, end, j, eo);
     const int cnt = (int)imin(g.G, end - base);
-    for (int t = 0; t < cnt; ++t) {
-      const int64_t jt = g.bcast(j, t), et = g.bcast(eo, t);
-      const T* ev = (KIND == DOT && p.edge) ? p.edge + (et * p.H + h) * F : nullptr;
-      const float d = vec_dot<T, VEC>(g, dO, p.val + (jt * p.H + h) * F, ev, F);
-      if (g.lg == t) dP = d;
-    }
     const float alpha = valid ? __expf(s - lse) : 0.f;
     const float kf = valid ? keep_factor(p.drop_p, p.seed, e, p.H, h) : 0.f;
     const float dS = alpha * (dP * kf - delta);

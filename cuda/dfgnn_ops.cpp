@@ -118,12 +118,13 @@ std::vector<at::Tensor> attention_bwd(
   check_cuda(grad_out, "grad_out", src.device());
   BwdIn bi{out, lse, grad_out};
   BwdOut o;
-  const auto empty = at::empty({0}, src.options());
+  // absent gradients are distinct empty tensors (custom-op outputs must not alias)
+  auto empty = [&] { return at::empty({0}, src.options()); };
   o.d_dst = at::empty_like(dst);
   o.d_src = at::empty_like(src);
-  o.d_val = (kind != 1 && f.val.defined()) ? at::empty_like(f.val) : empty;
-  o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty;
-  o.d_att = f.att.defined() ? at::empty_like(f.att) : empty;
+  o.d_val = (kind != 1 && f.val.defined()) ? at::empty_like(f.val) : empty();
+  o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty();
+  o.d_att = f.att.defined() ? at::empty_like(f.att) : empty();
   if (kind == 0) bwd_gat(g, f, s, bi, o);
   else if (kind == 1) bwd_gatv2(g, f, s, bi, o);
   else bwd_dot(g, f, s, bi, o);

@@ -104,7 +104,9 @@ def load(verbose: bool = False):
             _module = _load(name="pyg_dfgnn_C", sources=[str(s) for s in sources()],
                             extra_cflags=["-O3", "-std=c++17"], extra_cuda_cflags=flags,
                             build_directory=str(build_dir), verbose=verbose,
-                            with_cuda=True)
+                            with_cuda=True, is_python_module=False)
+            # the library registers torch.ops.dfgnn_C.* (TORCH_LIBRARY); no Python module
+            _module = torch.ops.dfgnn_C
             if fresh:
                 print(f"pyg_dfgnn: CUDA kernels built in {time.time() - t0:.1f}s",
                       file=sys.stderr, flush=True)
