@@ -414,7 +414,7 @@ def _fig(plt, nrows: int, panels: List[tuple], ngraphs: int, nconts: int, height
     return fig, axes
 
 
-def _bars(ax, rs, panel, graphs, conts, value, fmt, base_name=None):
+def _bars(ax, rs, panel, graphs, conts, value, fmt, base_name=None, mark_missing=True):
     width = 0.8 / max(len(conts), 1)
     case, dtype = panel
     for j, c in enumerate(conts):
@@ -433,8 +433,10 @@ def _bars(ax, rs, panel, graphs, conts, value, fmt, base_name=None):
                 elif base_name is not None:
                     b = _find(rs, g, case, dtype, base_name)
                     txt = "base " + (_short_status(b) if b is not None else "missing")
-                else:
+                elif mark_missing:
                     txt = "n/m"
+                else:
+                    continue
                 ax.text(x, 0.02, txt, ha="center", va="bottom", fontsize=6, rotation=90,
                         transform=ax.get_xaxis_transform())
     ax.set_xticks(range(len(graphs)))
@@ -481,14 +483,17 @@ def _plot_memory(rs: List[Dict[str, Any]], env: Dict[str, Any], path: str,
     fig, axes = _fig(plt, 1, panels, len(graphs), len(conts), 4.0)
     for p_i, panel in enumerate(panels or [("-", "-")]):
         ax = axes[0, p_i]
-        _bars(ax, rs, panel, graphs, conts, lambda r: r.get("fwdbwd_peak_mb"), "{:.0f}")
+        _bars(ax, rs, panel, graphs, conts, lambda r: r.get("fwdbwd_peak_mb"), "{:.0f}",
+              mark_missing=measured)
         if measured:
             ax.set_yscale("log")
         else:
+            ax.set_ylim(0, 1)
             ax.text(0.5, 0.5, "peak memory is measured\non CUDA devices only",
                     ha="center", va="center", transform=ax.transAxes, fontsize=8)
         if p_i == 0:
-            ax.set_ylabel("peak extra memory,\nforward+backward (MiB)", fontsize=8)
+            ax.set_ylabel("peak memory per epoch (MiB)" if section == "train" else
+                          "peak extra memory,\nforward+backward (MiB)", fontsize=8)
     fig.suptitle(_title(env, f"{SECTION_TITLES.get(section, section)}: peak memory "
                              "(lower is better)"), fontsize=9)
     fig.tight_layout()
