@@ -218,6 +218,7 @@ __device__ __forceinline__ float chunk_scores(const Params<T, I>& p, const Group
     }
   } else {
     const int cnt = (int)imin(g.G, end - base);
+#pragma unroll 4
     for (int t = 0; t < cnt; ++t) {
       const int64_t jt = g.bcast(j, t), et = g.bcast(eo, t);
       const float st = vec_score<KIND, T, I, VEC>(p, g, row, jt, et, h);
@@ -384,6 +385,7 @@ __device__ __forceinline__ float chunk_dP(const Params<T, I>& p, const Group& g,
                                           int64_t eo) {
   float dP = 0.f;
   const int cnt = (int)imin(g.G, end - base);
+#pragma unroll 4
   for (int t = 0; t < cnt; ++t) {
     const int64_t jt = g.bcast(j, t), et = g.bcast(eo, t);
     const T* ev = (KIND == DOT && p.edge) ? p.edge + (et * p.H + h) * p.F : nullptr;
@@ -467,6 +469,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
     if constexpr (KIND == GAT) {
       gacc += gv;
     } else {
+#pragma unroll 2
       for (int t = 0; t < cnt; ++t) {
         const int64_t jt = g.bcast(j, t), et = g.bcast(eo, t);
         const float gt = g.bcast(gv, t), pt = g.bcast(pdv, t);

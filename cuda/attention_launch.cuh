@@ -29,11 +29,13 @@ inline bool aligned16(const at::Tensor& t) {
   return !t.defined() || t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-// Lanes per (item, head): enough lanes to cover the features with one vector
-// each (at least 4, at most a warp), unless the schedule forces a value.
+// Lanes per (item, head): enough lanes to cover the features with kMaxChunks
+// vectors each (at least 4, at most a warp), unless the schedule forces a
+// value.  Measured on an H200 (docs/BENCHMARKS.md): for F = 64 fp32, 8 lanes
+// x 2 float4 beat 16 x 1 by 10-30% and 32 x 1/2 by 2x.
 inline int choose_group(int forced, int64_t F, int vec) {
   if (forced > 0) return forced;
-  int64_t need = (F + vec - 1) / vec;
+  int64_t need = (F + (int64_t)vec * kMaxChunks - 1) / ((int64_t)vec * kMaxChunks);
   int g = 4;
   while (g < 32 && g < need) g *= 2;
   return g;

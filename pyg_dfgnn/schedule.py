@@ -35,7 +35,9 @@ from torch import Tensor
 from .graph import CSRGraph
 
 #: measured default (docs/BENCHMARKS.md, "schedule thresholds")
-SPLIT_FACTOR = 4
+SPLIT_FACTOR = 2
+#: feature vectors per lane (cuda/attention_kernels.cuh: kMaxChunks)
+CHUNKS = 2
 MIN_SPLIT = 256
 MAX_SPLIT = 8192
 
@@ -95,7 +97,7 @@ def _lanes_in_flight(device: torch.device) -> int:
 def auto_group(feat: int, dtype: torch.dtype) -> int:
     vec = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
     vec = vec if feat % vec == 0 else 1
-    need = -(-feat // vec)
+    need = -(-feat // (vec * CHUNKS))
     g = 4
     while g < 32 and g < need:
         g *= 2
@@ -152,7 +154,7 @@ def plan_for(graph: CSRGraph, kind: int, feat: int, heads: int, dtype: torch.dty
     if plan is not None:
         return plan
     f_group, f_split = forced if forced is not None else (None, None)
-    group = f_group or auto_group(feat, dtype)
+    group = f_group or auto_group(feat, dtype)  # mirrors the kernel's choose_group
     if f_split is None:
         split = auto_split(graph.num_edges, heads, group, graph.device)
     else:

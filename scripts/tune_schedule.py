@@ -98,8 +98,8 @@ def main(argv=None):
     dev = torch.device("cuda")
     H, F = a.heads, a.feat
     kinds = {"gat": GAT, "dot": DOT, "gatv2": GATV2}
-    variants = [("auto", None, None), ("nosplit", None, 0), ("split1024", None, 1024),
-                ("split4096", None, 4096), ("g8", 8, None), ("g32", 32, None)]
+    variants = [("auto", None, None), ("nosplit", None, 0), ("split512", None, 512),
+                ("split2048", None, 2048), ("g4", 4, None), ("g16", 16, None)]
     rows = []
     for gname, ei, n in graphs(a.quick):
         ei = ei.to(dev)
