@@ -1,0 +1,61 @@
+"""Training-epoch section: both timing modes and the backend logits check."""
+import torch
+
+from pyg_dfgnn.bench import train_bench
+from pyg_dfgnn.bench.runner import Settings
+
+CPU = torch.device("cpu")
+RUN = {"label": "tiny_gat", "seed": 0, "batch_size": 4,
+       "data": {"name": "PATTERN", "source": "generated", "num_train": 8, "num_val": 1,
+                "num_test": 1},
+       "model": {"name": "gat", "hidden": 8, "heads": 2, "layers": 2}}
+
+
+def _cfg(mode):
+    return {"train": {"enabled": True, "mode": mode, "backends": ["fused", "pyg"],
+                      "warmup_epochs": 1, "epochs": 2, "runs": [RUN]}}
+
+
+def test_loop_mode(tmp_path):
+    rows = train_bench.run_train(_cfg("loop"), Settings(), CPU, str(tmp_path))
+    assert [r["contender"] for r in rows] == ["pyg", "fused"]  # baseline first
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["fwdbwd_ms_n"] == 2 and r["fwd_ms_n"] == 2 and r["first_ms"] > 0
+        assert "bench loop" in r["note"]
+    assert rows[1]["check"] == "pyg" and rows[1]["max_err"] < 1e-4
+
+
+def test_fused_model_that_disagrees_is_not_timed(tmp_path, monkeypatch):
+    load_data, config_from_dict, build_model, BackendError = train_bench._imports()
+
+    class Doubled(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, *a, **k):
+            return 2.0 * self.m(*a, **k)
+
+        def load_state_dict(self, sd, strict=True):
+            return self.m.load_state_dict(sd, strict)
+
+    def wrong_build(mcfg, in_dim, num_classes, categorical, backend):
+        m = build_model(mcfg, in_dim, num_classes, categorical, backend)
+        return Doubled(m) if backend == "fused" else m
+
+    monkeypatch.setattr(train_bench, "_imports",
+                        lambda: (load_data, config_from_dict, wrong_build, BackendError))
+    rows = train_bench.run_train(_cfg("loop"), Settings(), CPU, str(tmp_path))
+    by = {r["contender"]: r for r in rows}
+    assert by["pyg"]["status"] == "ok"
+    assert by["fused"]["status"] == "mismatch" and by["fused"].get("fwdbwd_ms") is None
+
+
+def test_training_stack_missing_is_skipped(tmp_path, monkeypatch):
+    def missing():
+        raise ImportError("No module named 'pyg_dfgnn.train.models'")
+    monkeypatch.setattr(train_bench, "_imports", missing)
+    rows = train_bench.run_train(_cfg("auto"), Settings(), CPU, str(tmp_path))
+    assert len(rows) == 2
+    assert all(r["status"].startswith("skipped: pyg_dfgnn.train not ready") for r in rows)
