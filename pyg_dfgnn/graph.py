@@ -282,7 +282,8 @@ def build_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = 
 def _tensors_of(adj: Any):
     if is_sparse_tensor(adj):
         st = adj.storage
-        return [t for t in (st._row, st._rowptr, st._col) if t is not None]
+        # fixed positions: ``row``/``rowptr`` are filled lazily (``None`` first)
+        return [st._row, st._rowptr, st._col]
     if isinstance(adj, Tensor):
         if adj.layout == torch.sparse_csr:
             return [adj.crow_indices(), adj.col_indices()]
@@ -297,11 +298,20 @@ def _tensors_of(adj: Any):
 def _versions(adj: Any) -> Tuple[int, ...]:
     out = []
     for t in _tensors_of(adj):
+        if t is None:
+            out.append(None)
+            continue
         try:
             out.append(t._version)
         except Exception:  # inference tensors etc.
             out.append(-1)
     return tuple(out)
+
+
+def _same_versions(old: Tuple, new: Tuple) -> bool:
+    """Versions match; a lazily computed field (``None`` on one side) is ignored."""
+    return len(old) == len(new) and all(
+        a is None or b is None or a == b for a, b in zip(old, new))
 
 
 class _GraphCache:
@@ -322,7 +332,7 @@ class _GraphCache:
                 ref = entries[0]
                 if ref() is adj:
                     hit = entries[1].get(key)
-                    if hit is not None and hit[0] == vers:
+                    if hit is not None and _same_versions(hit[0], vers):
                         self.hits += 1
                         return hit[1]
                 else:
