@@ -126,6 +126,24 @@ class FusedAttentionMixin:
         if isinstance(like, Tensor) and like.is_cuda and not torch.compiler.is_compiling():
             _warn_once(type(self), reason)
 
+    def _fused_edge_features(self, edge_attr: Tensor) -> Tensor:
+        """GAT/GATv2: ``lin_edge`` of (1-D promoted) edge features, ``[E, H, C]``."""
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+
+    def _fused_merge_heads(self, out: Tensor, res: Optional[Tensor]) -> Tensor:
+        """GAT/GATv2 epilogue: concat or average heads, residual, bias."""
+        if self.concat:
+            out = out.view(-1, self.heads * self.out_channels)
+        else:
+            out = out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
     @property
     def _fused_dropout(self) -> float:
         """Attention dropout of this call (PyG applies it in training only)."""
@@ -197,9 +215,9 @@ def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
     return int(s[0]), int(s[1])
 
 
-def check_sparse_loops(edge_index: Any, add_loops: bool, edge_dim: Optional[int]) -> None:
-    """PyG's GAT/GATv2 refuse self-loops + edge features on a ``SparseTensor``."""
-    if add_loops and is_sparse_tensor(edge_index) and edge_dim is not None:
+def check_sparse_loops(edge_index: Any, edge_dim: Optional[int]) -> None:
+    """PyG's GAT/GATv2 refuse self-loops + ``edge_dim`` on a ``SparseTensor``."""
+    if is_sparse_tensor(edge_index) and edge_dim is not None:
         raise NotImplementedError(
             "The usage of 'edge_attr' and 'add_self_loops' "
             "simultaneously is currently not yet supported for "

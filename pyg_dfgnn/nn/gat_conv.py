@@ -98,7 +98,7 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         # edge_updater_type: (alpha: OptPairTensor, edge_attr: OptTensor)
         num_nodes: Optional[int] = None
         if self.add_self_loops:
-            check_sparse_loops(edge_index, True, self.edge_dim)
+            check_sparse_loops(edge_index, self.edge_dim)
             num_nodes = x_src.size(0)
             if x_dst is not None:
                 num_nodes = min(num_nodes, x_dst.size(0))
@@ -112,11 +112,7 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
 
         alpha_edge: Optional[Tensor] = None
         if adj.edge_attr is not None and adj.graph.num_edges > 0:
-            ea = adj.edge_attr
-            if ea.dim() == 1:
-                ea = ea.view(-1, 1)
-            ea = self.lin_edge(ea).view(-1, H, C)
-            alpha_edge = (ea * self.att_edge).sum(dim=-1)
+            alpha_edge = (self._fused_edge_features(adj.edge_attr) * self.att_edge).sum(-1)
         if alpha_dst is None:  # bipartite without target features: a_dst = 0
             alpha_dst = alpha_src.new_zeros(adj.graph.num_dst, H)
 
@@ -125,16 +121,7 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         out, alpha = gat_attention(adj.graph, x_src, alpha_src, alpha_dst, alpha_edge,
                                    self.negative_slope, self._fused_dropout,
                                    bool(return_attention_weights))
-
-        if self.concat:
-            out = out.view(-1, self.heads * self.out_channels)
-        else:
-            out = out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-
+        out = self._fused_merge_heads(out, res)
         if return_attention_weights:
             return attention_weights(out, adj.adj, alpha)
         return out

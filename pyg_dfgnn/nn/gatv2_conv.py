@@ -83,7 +83,7 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         # edge_updater_type: (x: PairTensor, edge_attr: OptTensor)
         num_nodes: Optional[int] = None
         if self.add_self_loops:
-            check_sparse_loops(edge_index, True, self.edge_dim)
+            check_sparse_loops(edge_index, self.edge_dim)
             num_nodes = min(x_l.size(0), x_r.size(0))
         adj = resolve_adjacency(
             edge_index, None, x_l.size(0), x_r.size(0), loops=num_nodes,
@@ -93,25 +93,13 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
 
         x_edge: Optional[Tensor] = None
         if adj.edge_attr is not None:
-            ea = adj.edge_attr
-            if ea.dim() == 1:
-                ea = ea.view(-1, 1)
-            x_edge = self.lin_edge(ea).view(-1, H, C)
+            x_edge = self._fused_edge_features(adj.edge_attr)
 
         x_l, x_r, att, x_edge = common_dtype(x_l, x_r, self.att, x_edge)
         out, alpha = gatv2_attention(adj.graph, x_l, x_r, att, x_edge,
                                      self.negative_slope, self._fused_dropout,
                                      bool(return_attention_weights))
-
-        if self.concat:
-            out = out.view(-1, self.heads * self.out_channels)
-        else:
-            out = out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-
+        out = self._fused_merge_heads(out, res)
         if return_attention_weights:
             return attention_weights(out, adj.adj, alpha)
         return out

@@ -11,7 +11,8 @@ from pyg_dfgnn import graph as dfgraph
 from pyg_dfgnn.nn import AGNNConv, GATConv, GATv2Conv, TransformerConv
 from pyg_dfgnn.nn import _fused
 
-from ._equiv import DEVICES, check_equivalence, feats, make_adj, needs_cuda, random_edge_index
+from ._equiv import (DEVICES, SPARSE_FORMATS, check_equivalence, feats, make_adj, needs_cuda,
+                     random_edge_index)
 
 N, F_IN, E = 12, 8, 40
 PAIRS = [(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, out_channels=4, heads=2)),
@@ -149,9 +150,9 @@ def test_graph_converted_once(fmt, edge_attr):
     x = feats(N, F_IN, "cpu").detach()
     adj, ne = make_adj(random_edge_index(N, N, E, seed=12), fmt, N, N)
     ea = torch.randn(ne, 2, dtype=x.dtype) if edge_attr else None
-    conv = GATConv(F_IN, 4, heads=2, edge_dim=2).double()
-    if fmt.startswith("torch") and edge_attr:
-        conv.add_self_loops = False  # PyG refuses loops + edge_attr on torch.sparse
+    # PyG refuses self-loops + edge features on sparse adjacencies
+    conv = GATConv(F_IN, 4, heads=2, edge_dim=2 if edge_attr else None,
+                   add_self_loops=not (edge_attr and fmt in SPARSE_FORMATS)).double()
     conv(x, adj, ea)
     before = dfgraph.cache_info()["misses"]
     for _ in range(3):

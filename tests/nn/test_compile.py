@@ -1,0 +1,99 @@
+"""torch.compile: the layers compile (one graph break per layer, at the cached
+graph conversion) and match eager; the fused op itself never breaks a graph."""
+import pytest
+import torch
+import torch._dynamo
+
+from pyg_dfgnn.graph import get_graph
+from pyg_dfgnn.nn import AGNNConv, GATConv, TransformerConv
+from pyg_dfgnn.ops import agnn_attention, dot_attention, gat_attention, gatv2_attention
+
+from ._equiv import random_edge_index
+
+N, F_IN, E = 30, 8, 90
+
+
+class Net(torch.nn.Module):
+    def __init__(self, conv1, conv2):
+        super().__init__()
+        self.conv1, self.conv2 = conv1, conv2
+
+    def forward(self, x, edge_index, edge_attr):
+        x = self.conv1(x, edge_index, edge_attr).relu()
+        return self.conv2(x, edge_index)
+
+
+def _nets():
+    torch.manual_seed(0)
+    return {
+        "gat": Net(GATConv(F_IN, 4, heads=2, edge_dim=3), GATConv(8, 3)),
+        "transformer": Net(TransformerConv(F_IN, 4, heads=2, edge_dim=3, beta=True),
+                           TransformerConv(8, 3)),
+    }
+
+
+@pytest.mark.parametrize("name", ["gat", "transformer"])
+def test_compiled_model_matches_eager(name):
+    model = _nets()[name]
+    x = torch.randn(N, F_IN)
+    ei = random_edge_index(N, N, E, seed=1)
+    ea = torch.randn(E, 3)
+    expect = model(x, ei, ea)
+    expect.square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=False, backend="aot_eager")
+    for _ in range(2):  # second call: no recompilation needed, same result
+        out = compiled(x, ei, ea)
+        torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-6)
+    model.zero_grad()
+    compiled(x, ei, ea).square().sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_graph_breaks_only_at_graph_conversion():
+    model = _nets()["gat"].eval()
+    x, ei, ea = torch.randn(N, F_IN), random_edge_index(N, N, E, seed=2), torch.randn(E, 3)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(x, ei, ea)
+    assert explanation.graph_break_count >= 1
+    for reason in explanation.break_reasons:
+        assert "disable" in str(reason.reason), reason.reason
+        assert any("resolve_adjacency" in (frame.line or "") or "_fused.py" in frame.filename
+                   for frame in reason.user_stack), reason.user_stack
+
+
+def test_agnn_compiles():
+    torch.manual_seed(0)
+    conv = AGNNConv()
+    x, ei = torch.randn(N, F_IN), random_edge_index(N, N, E, seed=3)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(conv, backend="aot_eager")(x, ei), conv(x, ei))
+
+
+def test_fused_ops_fullgraph():
+    """Each fused op traces into one graph (fullgraph=True) with its backward."""
+    g = get_graph(random_edge_index(N, N, E, seed=4), (N, N))
+    H, C = 2, 4
+    t = {k: torch.randn(*s, requires_grad=True) for k, s in dict(
+        x=(N, H, C), xd=(N, H, C), a_s=(N, H), a_d=(N, H), att=(H, C), e=(E, H, C),
+        ae=(E, H), x2=(N, C)).items()}
+    beta = torch.tensor([1.5], requires_grad=True)
+
+    def f(x, xd, a_s, a_d, att, e, ae, x2, beta):
+        return (gat_attention(g, x, a_s, a_d, ae, 0.2, 0.0, False)[0].sum()
+                + gatv2_attention(g, x, xd, att, e)[0].sum()
+                + dot_attention(g, xd, x, x, e)[0].square().sum()
+                + agnn_attention(g, x2, beta)[0].square().sum())
+    args = list(t.values()) + [beta]
+    expect = f(*args)
+    expect_grads = torch.autograd.grad(expect, args)
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out = cf(*args)
+    torch.testing.assert_close(out, expect)
+    for a, b in zip(torch.autograd.grad(out, args), expect_grads):
+        torch.testing.assert_close(a, b)
