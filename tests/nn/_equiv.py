@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor
 from torch_geometric import EdgeIndex
-from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
+from torch_geometric.utils import to_torch_coo_tensor, to_torch_csc_tensor, to_torch_csr_tensor
 
 try:
     from torch_sparse import SparseTensor
@@ -29,8 +29,9 @@ DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=
 #: adjacency formats of :func:`make_adj`
 FORMATS = ["edge_index", "dst_sorted", "EdgeIndex", "EdgeIndex_csc", "torch_csr",
            "torch_coo", "SparseTensor"]
+# (torch_csc: PyG's templated propagate rejects it, ours accepts it -- tested apart)
 
-SPARSE_FORMATS = ("torch_csr", "torch_coo", "SparseTensor")
+SPARSE_FORMATS = ("torch_csr", "torch_csc", "torch_coo", "SparseTensor")
 
 # float64 on CPU (the reference ops compute in float64), float32 on CUDA
 TOL = {torch.float64: dict(rtol=1e-5, atol=1e-8), torch.float32: dict(rtol=1e-5, atol=1e-5),
@@ -69,6 +70,9 @@ def make_adj(ei: Tensor, fmt: str, num_src: int, num_dst: int) -> Tuple[Any, int
         return EdgeIndex(ei, sparse_size=(num_src, num_dst)).sort_by("col")[0], ei.size(1)
     if fmt == "torch_csr":
         adj = to_torch_csr_tensor(ei.flip(0), size=(num_dst, num_src))
+        return adj, adj._nnz()
+    if fmt == "torch_csc":
+        adj = to_torch_csc_tensor(ei.flip(0), size=(num_dst, num_src))
         return adj, adj._nnz()
     if fmt == "torch_coo":
         adj = to_torch_coo_tensor(ei.flip(0), size=(num_dst, num_src))

@@ -208,3 +208,26 @@ def test_float32(device):
     ei = random_edge_index(N, N, E, seed=14, device=device)
     for pyg_cls, our_cls, kw in PAIRS:
         check_equivalence(pyg_cls, our_cls, kw, (x, ei), device=device, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("pyg_cls,our_cls,kw", PAIRS, ids=IDS)
+def test_torch_csc_accepted(pyg_cls, our_cls, kw):
+    """PyG's templated propagate rejects CSC tensors; ours accepts them and
+    gives PyG's result on the same adjacency in CSR form.  (Self-loops on CSC
+    fail in PyG's ``remove_self_loops``, for ours as well.)"""
+    if our_cls is not TransformerConv:
+        kw = dict(kw, add_self_loops=False)
+    x = feats(N, F_IN, "cpu")
+    ei = random_edge_index(N, N, E, seed=15)
+    csc, _ = make_adj(ei, "torch_csc", N, N)
+    csr, _ = make_adj(ei, "torch_csr", N, N)
+    torch.manual_seed(0)
+    ref = pyg_cls(**kw).double()
+    ours = our_cls(**kw).double()
+    ours.load_state_dict(ref.state_dict())
+    x2 = x.detach().clone().requires_grad_()
+    a, b = ref(x, csr), ours(x2, csc)
+    torch.testing.assert_close(b, a)
+    a.sum().backward()
+    b.sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad)
