@@ -274,7 +274,11 @@ def base_row(case: Case, contender: str) -> Dict[str, Any]:
 
 
 def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
-                  settings: Settings) -> Dict[str, Any]:
+                  settings: Settings, base_err: Optional[float] = None) -> Dict[str, Any]:
+    """One contender.  Its check passes within ``max(tol, 2 * base_err)``: the
+    baseline's own error against the float64 reference (fp32 round-off of
+    PyG itself) widens the tolerance; the baseline is judged by ``tol`` only
+    for non-finite results, its error being the yardstick."""
     row = base_row(case, name)
     dev = case.device
     stage = "setup"
@@ -321,10 +325,15 @@ def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
                           if p.grad is not None})
             err, where = compare(out, grads, ref, settings.floor)
             row["max_err"] = err
-            if not err <= settings.tol(case.dtype):
+            tol = settings.tol(case.dtype)
+            if name == case.baseline and err == err and err != float("inf"):
+                tol = max(tol, err)
+            elif base_err is not None:
+                tol = max(tol, 2.0 * base_err)
+            if not err <= tol:
                 row["status"] = "mismatch"
                 row["note"] = _join(row["note"], f"worst: {where} rel err {err:.3g} > tol "
-                                                 f"{settings.tol(case.dtype):g} vs {ref.kind}")
+                                                 f"{tol:g} vs {ref.kind}")
                 return row
         else:
             row["note"] = _join(row["note"], "unchecked: no reference fits")
@@ -385,7 +394,10 @@ def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
     finally:
         timing.free_memory(case.device)
     rows = []
-    for name, factory in contenders.items():
+    base_err: Optional[float] = None
+    # the baseline first: its own error against the reference sets the yardstick
+    order = sorted(contenders.items(), key=lambda kv: kv[0] != case.baseline)
+    for name, factory in order:
         reason = before(name) if before is not None else None
         if reason:
             row = base_row(case, name)
@@ -395,7 +407,9 @@ def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
             row["status"] = "OOM"
             row["note"] = "out of memory in forward+backward (while computing the reference)"
         else:
-            row = run_contender(case, name, factory, ref, settings)
+            row = run_contender(case, name, factory, ref, settings, base_err)
+        if name == case.baseline and isinstance(row.get("max_err"), float):
+            base_err = row["max_err"]
         if ref.note:
             row["note"] = _join(row["note"], ref.note)
         if after is not None:
