@@ -118,6 +118,7 @@ def test_fallback_silent_on_cpu_and_warns_once():
 def test_fallback_warns_once_on_cuda():
     x, ei = feats(N, F_IN, "cuda"), random_edge_index(N, N, E, device="cuda")
     conv = GATConv(F_IN, 4, flow="target_to_source").cuda().double()
+    x = x.double()
     _fused._WARNED.clear()
     with pytest.warns(UserWarning, match="flow"):
         conv(x, ei)
