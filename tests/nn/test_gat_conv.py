@@ -5,8 +5,8 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import GATConv
 
-from ._equiv import (DEVICES, FORMATS, SPARSE_FORMATS, SparseTensor, check_equivalence,
-                     feats, make_adj, random_edge_index)
+from ._equiv import (DEVICES, FORMATS, SparseTensor, check_equivalence, feats, make_adj,
+                     random_edge_index)
 
 N, F_IN, E = 12, 8, 40
 
@@ -183,7 +183,3 @@ def test_sparse_tensor_loops_with_edge_dim_raises():
     adj, _ = make_adj(ei, "SparseTensor", N, N)
     with pytest.raises(NotImplementedError):
         GATConv(F_IN, 4, edge_dim=2)(torch.randn(N, F_IN), adj)
-
-
-def test_formats_cover_sparse():
-    assert set(SPARSE_FORMATS) <= set(FORMATS)
