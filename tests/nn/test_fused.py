@@ -232,3 +232,19 @@ def test_torch_csc_accepted(pyg_cls, our_cls, kw):
     a.sum().backward()
     b.sum().backward()
     torch.testing.assert_close(x2.grad, x.grad)
+
+
+@pytest.mark.parametrize("pyg_cls,our_cls,kw", PAIRS, ids=IDS)
+def test_deepcopy_and_pickle(pyg_cls, our_cls, kw):
+    import copy
+    import io
+    import pickle
+    x, ei = _graph()
+    conv = our_cls(**kw).double()
+    buf = io.BytesIO()
+    torch.save(conv, buf)
+    buf.seek(0)
+    for other in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv)),
+                  torch.load(buf, weights_only=False)):
+        assert type(other) is our_cls
+        torch.testing.assert_close(other(x, ei), conv(x, ei))
