@@ -20,7 +20,7 @@ def __getattr__(name):  # lazy: keep `import pyg_dfgnn` light
     if name in ("nn", "schedule", "data", "train", "bench"):
         import importlib
         return importlib.import_module(f".{name}", __name__)
-    if name in ("patch_pyg", "unpatch_pyg"):
+    if name in ("patch_pyg", "unpatch_pyg", "patched", "is_patched"):
         from .nn import patch
         return getattr(patch, name)
     if name == "explain_schedule":
