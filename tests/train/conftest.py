@@ -1,0 +1,28 @@
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+
+# a tiny PATTERN run: 16/8/8 generated graphs, a 2-layer GAT of width 16
+TINY = ["data.num_train=16", "data.num_val=8", "data.num_test=8", "batch_size=8",
+        "model.hidden=16", "model.heads=2", "model.layers=2", "log.progress=false"]
+
+
+def fused_available() -> bool:
+    try:
+        from pyg_dfgnn.nn import AGNNConv, GATConv, TransformerConv  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def tiny_args(tmp_path):
+    """CLI arguments for a tiny quick-config run writing under tmp_path."""
+    def make(*extra, out="run"):
+        return ([str(CONFIGS / "pattern_gat_quick.yaml")] + TINY
+                + [f"data.root={tmp_path / 'data'}", f"out_dir={tmp_path / out}"] + list(extra))
+    return make
