@@ -112,6 +112,19 @@ def test_other_models_run(tmp_path, tiny_args, model):
     assert r["model"]["name"] == model and r["model"]["parameters"] > 0
 
 
+@pytest.mark.parametrize("name", ["synthetic_uniform", "synthetic_powerlaw"])
+def test_synthetic_scale_config_runs_small(tmp_path, name):
+    pytest.importorskip("pyg_dfgnn.data.synthetic")
+    rc = main([str(CONFIGS / "powerlaw_gat.yaml"), f"data.name={name}", "data.num_nodes=500",
+               "data.num_edges=4000", "data.max_degree=100", "data.num_features=8",
+               "epochs=2", "backend=pyg", f"out_dir={tmp_path / name}", "log.progress=false"])
+    assert rc == 0
+    r = _results(tmp_path / name)
+    assert r["dataset"]["stats"] == {"num_nodes": 500, "num_edges": 4000}
+    assert "pyg_dfgnn.data.synthetic" in r["dataset"]["source"]
+    assert not (tmp_path / name / "checkpoint_last.pt").exists()   # checkpoint.enabled=false
+
+
 def test_cora_gat_reaches_sane_accuracy(tmp_path, planetoid_root):
     backend = "fused" if fused_available() else "pyg"
     rc = main([str(CONFIGS / "cora_gat.yaml"), f"data.root={planetoid_root}",
