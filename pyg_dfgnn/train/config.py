@@ -109,10 +109,11 @@ class SchedulerConfig:
                    "plateau = ReduceLROnPlateau on the validation loss")
     factor: float = _f(0.5, help="plateau/step: LR multiplier")
     patience: int = _f(5, help="plateau: epochs without improvement before reducing")
-    min_lr: float = _f(1e-5, help="lowest LR (plateau floor, cosine eta_min)")
+    min_lr: float = _f(1e-5, help="plateau: stop threshold (stop_at_min_lr) or LR floor; "
+                                  "cosine: eta_min")
     step_size: int = _f(50, help="step: epochs between reductions")
-    stop_at_min_lr: bool = _f(True, help="plateau: stop training once the LR reaches "
-                                         "min_lr (benchmarking-gnns)")
+    stop_at_min_lr: bool = _f(True, help="plateau: stop training once the LR falls below "
+                                         "min_lr (benchmarking-gnns); false = min_lr is a floor")
 
 
 @dataclass
