@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import os.path as osp
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Sequence
 
 import torch
 
@@ -168,7 +168,8 @@ def _load_synthetic(name, cfg, seed, log) -> DataBundle:
         how = f"uniform_graph(num_nodes={n}, num_edges={m}, seed={seed})"
     else:
         ei = synthetic.powerlaw_graph(n, m, int(cfg.max_degree), seed=seed)
-        how = f"powerlaw_graph(num_nodes={n}, num_edges={m}, max_degree={cfg.max_degree}, seed={seed})"
+        how = (f"powerlaw_graph(num_nodes={n}, num_edges={m}, max_degree={cfg.max_degree}, "
+               f"seed={seed})")
     if isinstance(ei, tuple):
         ei = ei[0]
     ei = torch.as_tensor(ei, dtype=torch.long)

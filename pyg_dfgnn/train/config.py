@@ -327,7 +327,8 @@ def _validate(cfg: TrainConfig) -> None:
 # overrides
 # ----------------------------------------------------------------------------
 def parse_overrides(items: Sequence[str]) -> List[tuple]:
-    """``["model.heads=8", "out_dir=/tmp/x"]`` -> ``[("model.heads", 8), ("out_dir", "/tmp/x")]``."""
+    """``["model.heads=8", "out_dir=/tmp/x"]`` -> ``[("model.heads", 8), ("out_dir", "/tmp/x")]``.
+    """
     out = []
     for item in items:
         if "=" not in item:

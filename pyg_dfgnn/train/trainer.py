@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import platform
 import random
@@ -468,7 +467,8 @@ class _Run:
                 else:
                     self.bad_epochs += 1
                     if self.bad_epochs >= es.patience:
-                        stop = f"early stopping ({es.monitor} did not improve for {es.patience} epochs)"
+                        stop = (f"early stopping ({es.monitor} did not improve for "
+                                f"{es.patience} epochs)")
             s = cfg.scheduler
             new_lr = self.opt.param_groups[0]["lr"]
             if s.name == "plateau" and s.stop_at_min_lr and new_lr < s.min_lr:
