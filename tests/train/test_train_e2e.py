@@ -39,6 +39,30 @@ def test_quick_config_tiny_run_writes_results(tmp_path, tiny_args, capsys):
     assert len(r["history"]) == 1 and r["stop_reason"] == "max epochs"
 
 
+class _FakeTTY:
+    def __init__(self, tty):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("tty, progress, shown", [(True, "true", True), (False, "true", False),
+                                                  (True, "false", False)])
+def test_progress_bar_only_on_a_tty(tmp_path, tiny_args, monkeypatch, tty, progress, shown):
+    fake = _FakeTTY(tty)
+    monkeypatch.setattr(sys, "stderr", fake)
+    args = [a for a in tiny_args("epochs=1", "backend=pyg") if not a.startswith("log.progress")]
+    assert main(args + [f"log.progress={progress}"]) == 0
+    assert ("epoch 1/1" in fake.text) is shown, fake.text
+
+
 def test_console_script_and_module_entry_point(tmp_path, tiny_args):
     args = tiny_args("epochs=1", "backend=pyg", "data.num_train=8", out="m")
     proc = subprocess.run([sys.executable, "-m", "pyg_dfgnn", "train"] + args,
