@@ -147,6 +147,40 @@ __device__ __forceinline__ void load_item(const I* work, const I* rowptr, int64_
   }
 }
 
+// The (work item, head) a lane group owns: row (or source for the column
+// pass), its edge range and the partial-result slot (-1: write directly).
+struct Item {
+  int64_t item, h, row, begin, end, slot;
+};
+
+template <typename T, typename I>
+__device__ __forceinline__ bool get_item(const Params<T, I>& p, const I* rowptr, Item& it) {
+  const int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
+  it.item = gid / p.H;
+  it.h = gid % p.H;
+  if (it.item >= p.num_items) return false;
+  load_item(p.work, rowptr, it.item, it.row, it.begin, it.end, it.slot);
+  return true;
+}
+
+// The edge this lane handles in the chunk starting at base: CSR position e,
+// source j and original edge id eo (zeros past the end).
+struct EdgeLane {
+  int64_t e, j, eo;
+  bool valid;
+};
+
+template <typename T, typename I>
+__device__ __forceinline__ EdgeLane edge_lane(const Params<T, I>& p, const Group& g,
+                                              int64_t base, int64_t end) {
+  EdgeLane l;
+  l.e = base + g.lg;
+  l.valid = l.e < end;
+  l.j = l.valid ? (int64_t)p.col[l.e] : 0;
+  l.eo = l.valid ? (p.perm ? (int64_t)p.perm[l.e] : l.e) : 0;
+  return l;
+}
+
 // Score of edge (i <- j) with original id eo, reduced over the group; all
 // lanes return it.  Vector kinds only (GAT's score is a scalar per lane).
 template <int KIND, typename T, typename I, int VEC>
@@ -245,11 +279,10 @@ __device__ __forceinline__ int64_t feat_at(const Group& g, int64_t f0, int64_t t
 template <int KIND, typename T, typename I, int VEC>
 __global__ void __launch_bounds__(kThreads, 3) fwd_kernel(const Params<T, I> p) {
   const Group g(p.G);
-  const int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
-  const int64_t item = gid / p.H, h = gid % p.H;
-  if (item >= p.num_items) return;
-  int64_t row, begin, end, slot;
-  load_item(p.work, p.rowptr, item, row, begin, end, slot);
+  Item it;
+  if (!get_item(p, p.rowptr, it)) return;
+  const int64_t h = it.h, row = it.row, begin = it.begin, end = it.end,
+                slot = it.slot;
   const int64_t F = p.F, f0 = (int64_t)blockIdx.y * p.tile;
   const float a_dst = KIND == GAT ? to_f(p.dst[row * p.H + h]) : 0.f;
 
@@ -261,10 +294,9 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_kernel(const Params<T, I> p) 
     for (int k = 0; k < VEC; ++k) acc[c][k] = 0.f;
 
   for (int64_t base = begin; base < end; base += g.G) {
-    const int64_t e = base + g.lg;
-    const bool valid = e < end;
-    const int64_t j = valid ? (int64_t)p.col[e] : 0;
-    const int64_t eo = valid ? (p.perm ? (int64_t)p.perm[e] : e) : 0;
+    const EdgeLane el = edge_lane(p, g, base, end);
+    const int64_t e = el.e, j = el.j, eo = el.eo;
+    const bool valid = el.valid;
     float z;
     const float s = chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
     const float nm = fmaxf(m, g.max(s));
@@ -358,18 +390,16 @@ __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int
 template <int KIND, typename T, typename I, int VEC>
 __global__ void __launch_bounds__(kThreads) alpha_kernel(const Params<T, I> p) {
   const Group g(p.G);
-  const int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
-  const int64_t item = gid / p.H, h = gid % p.H;
-  if (item >= p.num_items) return;
-  int64_t row, begin, end, slot;
-  load_item(p.work, p.rowptr, item, row, begin, end, slot);
+  Item it;
+  if (!get_item(p, p.rowptr, it)) return;
+  const int64_t h = it.h, row = it.row, begin = it.begin, end = it.end,
+                slot = it.slot;
   const float a_dst = KIND == GAT ? to_f(p.dst[row * p.H + h]) : 0.f;
   const float lse = p.lse[row * p.H + h];
   for (int64_t base = begin; base < end; base += g.G) {
-    const int64_t e = base + g.lg;
-    const bool valid = e < end;
-    const int64_t j = valid ? (int64_t)p.col[e] : 0;
-    const int64_t eo = valid ? (p.perm ? (int64_t)p.perm[e] : e) : 0;
+    const EdgeLane el = edge_lane(p, g, base, end);
+    const int64_t e = el.e, j = el.j, eo = el.eo;
+    const bool valid = el.valid;
     float z;
     const float s = chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
     if (valid)
@@ -406,11 +436,10 @@ __device__ __forceinline__ float chunk_dP(const Params<T, I>& p, const Group& g,
 template <int KIND, typename T, typename I, int VEC>
 __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I> p) {
   const Group g(p.G);
-  const int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
-  const int64_t item = gid / p.H, h = gid % p.H;
-  if (item >= p.num_items) return;
-  int64_t row, begin, end, slot;
-  load_item(p.work, p.rowptr, item, row, begin, end, slot);
+  Item it;
+  if (!get_item(p, p.rowptr, it)) return;
+  const int64_t item = it.item, h = it.h, row = it.row, begin = it.begin, end = it.end,
+                slot = it.slot;
   const int64_t F = p.F, f0 = (int64_t)blockIdx.y * p.tile;
   const float a_dst = KIND == GAT ? to_f(p.dst[row * p.H + h]) : 0.f;
   const T* dO = p.dout + (row * p.H + h) * F;
@@ -423,10 +452,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
     if (slot < 0) {
       float dsum = 0.f;
       for (int64_t base = begin; base < end; base += g.G) {
-        const int64_t e = base + g.lg;
-        const bool valid = e < end;
-        const int64_t j = valid ? (int64_t)p.col[e] : 0;
-        const int64_t eo = valid ? (p.perm ? (int64_t)p.perm[e] : e) : 0;
+        const EdgeLane el = edge_lane(p, g, base, end);
+        const int64_t e = el.e, j = el.j, eo = el.eo;
+        const bool valid = el.valid;
         float z;
         const float s =
             chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
@@ -445,10 +473,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
     for (int k = 0; k < VEC; ++k) acc[c][k] = acc2[c][k] = 0.f;
 
   for (int64_t base = begin; base < end; base += g.G) {
-    const int64_t e = base + g.lg;
-    const bool valid = e < end;
-    const int64_t j = valid ? (int64_t)p.col[e] : 0;
-    const int64_t eo = valid ? (p.perm ? (int64_t)p.perm[e] : e) : 0;
+    const EdgeLane el = edge_lane(p, g, base, end);
+    const int64_t e = el.e, j = el.j, eo = el.eo;
+    const bool valid = el.valid;
     float z;
     const float s = chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
     const float dP = chunk_dP<KIND, T, I, VEC>(p, g, dO, h, base, end, j, eo);
@@ -545,11 +572,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
 template <int KIND, typename T, typename I, int VEC>
 __global__ void __launch_bounds__(kThreads, 2) bwd_col_kernel(const Params<T, I> p) {
   const Group g(p.G);
-  const int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
-  const int64_t item = gid / p.H, h = gid % p.H;
-  if (item >= p.num_items) return;
-  int64_t src, begin, end, slot;
-  load_item(p.work, p.t_rowptr, item, src, begin, end, slot);
+  Item it;
+  if (!get_item(p, p.t_rowptr, it)) return;
+  const int64_t h = it.h, src = it.row, begin = it.begin, end = it.end, slot = it.slot;
   const int64_t F = p.F, f0 = (int64_t)blockIdx.y * p.tile;
 
   float gacc = 0.f;

@@ -136,6 +136,25 @@ def _dleaky(z: Tensor, slope: float) -> Tensor:
     return torch.where(z > 0, z.new_ones(()), z.new_full((), slope))
 
 
+def _recompute(kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, scale,
+               negative_slope):
+    """Shared prologue of forward and backward: CSR helpers, features cast to
+    the compute dtype (fp64 stays fp64, else fp32) and the scores ``[E, H]``."""
+    E = col.numel()
+    nd = rowptr.numel() - 1
+    col_l = col.long()
+    rows = _rows(rowptr, E)
+    edge_c = _edge_csr(edge, perm)
+    cdt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
+
+    def cast(t):
+        return t.to(cdt) if t is not None else None
+    dst_f, src_f, val_f, edge_f, att_f = map(cast, (dst_feat, src_feat, value, edge_c, att))
+    s, aux = _scores(kind, rows, col_l, dst_f, src_f, edge_f, att_f, scale, negative_slope)
+    H = src_feat.size(1)
+    return E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s.view(E, H), aux
+
+
 def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor],
                       dst_feat: Tensor, src_feat: Tensor, value: Optional[Tensor],
                       edge: Optional[Tensor], att: Optional[Tensor], scale: float,
@@ -143,19 +162,9 @@ def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Ten
                       need_alpha: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """Returns ``out [N_dst, H, F]``, ``lse [N_dst, H]`` (fp32) and post-dropout
     ``alpha [E, H]`` in original edge order (empty unless ``need_alpha``)."""
-    E = col.numel()
-    nd = rowptr.numel() - 1
-    col_l = col.long()
-    rows = _rows(rowptr, E)
-    edge_c = _edge_csr(edge, perm)
-    cdt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
-    dst_f, src_f = dst_feat.to(cdt), src_feat.to(cdt)
-    edge_f = edge_c.to(cdt) if edge_c is not None else None
-    att_f = att.to(cdt) if att is not None else None
-    val_f = value.to(cdt) if value is not None else None
-    s, _ = _scores(kind, rows, col_l, dst_f, src_f, edge_f, att_f, scale, negative_slope)
-    H = s.size(1) if s.dim() == 2 else 1
-    s = s.view(E, H)
+    E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, _ = _recompute(
+        kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, scale, negative_slope)
+    H = s.size(1)
     m = torch.full((nd, H), float("-inf"), dtype=cdt, device=s.device)
     m = m.scatter_reduce(0, rows.view(-1, 1).expand(E, H), s, "amax", include_self=True)
     p = torch.exp(s - m[rows])
@@ -180,21 +189,11 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
                        lse: Tensor, grad_out: Tensor) -> List[Tensor]:
     """Explicit backward: ``[d_dst, d_src, d_value, d_edge, d_att]`` (empty when
     the input is absent), recomputing alpha from ``lse``."""
-    E = col.numel()
-    nd = rowptr.numel() - 1
+    E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, aux = _recompute(
+        kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, scale, negative_slope)
     ns = src_feat.size(0)
-    col_l = col.long()
-    rows = _rows(rowptr, E)
-    edge_c = _edge_csr(edge, perm)
-    cdt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
-    dst_f, src_f = dst_feat.to(cdt), src_feat.to(cdt)
-    edge_f = edge_c.to(cdt) if edge_c is not None else None
-    att_f = att.to(cdt) if att is not None else None
-    val_f = value.to(cdt) if value is not None else None
     dout, outf = grad_out.to(cdt), out.to(cdt)
-    s, aux = _scores(kind, rows, col_l, dst_f, src_f, edge_f, att_f, scale, negative_slope)
     H = dout.size(1)
-    s = s.view(E, H)
     alpha = torch.exp(s - lse.to(cdt)[rows])
     keep = torch.ones_like(alpha)
     if dropout_p > 0.0:
