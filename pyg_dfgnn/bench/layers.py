@@ -27,7 +27,7 @@ import torch
 
 from .graphs import BenchGraph, Unavailable
 from .runner import (Case, Factory, Prepared, Settings, Skipped, deepcopy_to,
-                     failed_case_rows, run_case)
+                     run_cases)
 
 #: name -> (class name, multi-head?)
 LAYERS: Dict[str, tuple] = {
@@ -201,45 +201,27 @@ def run_layers(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings,
                contenders: Optional[Dict[str, Factory]] = None) -> List[Dict[str, Any]]:
     lc = cfg["layers"]
     facts = contenders or contender_factories(list(lc["contenders"]), cfg.get("compile", {}))
-    rows: List[Dict[str, Any]] = []
     for name in lc["names"]:
         if name not in LAYERS:
             raise ValueError(f"unknown layer {name!r}; choose from {sorted(LAYERS)}")
-        late = settings.out_of_time()
-        if late:
-            skipped = failed_case_rows("layer", graph, name, dtype, device, "pyg", facts, None,
-                                       settings, status=f"skipped: {late}")
-            for r in skipped:
-                if on_row is not None:
-                    on_row(r)
-            rows += skipped
-            continue
-        try:
-            case = build_case(graph, name, int(lc["heads"]), int(lc["channels"]),
-                              int(lc["in_channels"]), dtype, device, int(cfg.get("seed", 0)),
-                              (lc.get("kwargs") or {}).get(name))
-        except Exception as e:
-            failed = failed_case_rows("layer", graph, name, dtype, device, "pyg", facts, e,
-                                      settings)
-            for r in failed:
-                if on_row is not None:
-                    on_row(r)
-            rows += failed
-            continue
 
-        def before(cname: str) -> Optional[str]:
-            return gate.reason(graph) if cname == "pyg_compile" else None
+    def build(name: str):
+        return build_case(graph, name, int(lc["heads"]), int(lc["channels"]),
+                          int(lc["in_channels"]), dtype, device, int(cfg.get("seed", 0)),
+                          (lc.get("kwargs") or {}).get(name))
 
-        def after(cname: str, row: Dict[str, Any]) -> None:
-            if cname == "pyg_compile":
-                if row["status"] and not row["status"].startswith("skipped"):
-                    gate.charge(row)
-                from torch import _dynamo
-                _dynamo.reset()
+    def before(cname: str) -> Optional[str]:
+        return gate.reason(graph) if cname == "pyg_compile" else None
 
-        rows += run_case(case, facts, settings, on_row=on_row, before=before, after=after)
-        del case
-    return rows
+    def after(cname: str, row: Dict[str, Any]) -> None:
+        if cname == "pyg_compile":
+            if row["status"] and not row["status"].startswith("skipped"):
+                gate.charge(row)
+            from torch import _dynamo
+            _dynamo.reset()
+
+    return run_cases("layer", graph, lc["names"], build, "pyg", facts, dtype, device, settings,
+                     on_row=on_row, before=before, after=after)
 
 
 __all__ = ["LAYERS", "CONTENDERS", "build_case", "run_layers", "contender_factories",

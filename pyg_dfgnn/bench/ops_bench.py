@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from .graphs import BenchGraph, Unavailable
-from .runner import Case, Factory, Prepared, Settings, failed_case_rows, run_case
+from .runner import Case, Factory, Prepared, Settings, run_cases
 
 OPS = ("gat", "gatv2", "dot")
 
@@ -111,29 +111,12 @@ def run_ops(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings, dtype: t
             contenders: Optional[Dict[str, Factory]] = None) -> List[Dict[str, Any]]:
     oc = cfg["ops"]
     facts = contenders or op_factories(list(oc.get("contenders", ["fused", "naive"])))
-    rows: List[Dict[str, Any]] = []
     for name in oc["names"]:
         _kind(name)  # unknown op names are a config error
-        late = settings.out_of_time()
-        if late:
-            skipped = failed_case_rows("op", graph, name, dtype, device, "naive", facts, None,
-                                       settings, status=f"skipped: {late}")
-            for r in skipped:
-                if on_row is not None:
-                    on_row(r)
-            rows += skipped
-            continue
-        try:
-            case = build_op_case(graph, name, int(oc["heads"]), int(oc["channels"]), dtype,
-                                 device, int(cfg.get("seed", 0)))
-        except Exception as e:
-            failed = failed_case_rows("op", graph, name, dtype, device, "naive", facts, e,
-                                      settings)
-            for r in failed:
-                if on_row is not None:
-                    on_row(r)
-            rows += failed
-            continue
-        rows += run_case(case, facts, settings, on_row=on_row)
-        del case
-    return rows
+
+    def build(name: str):
+        return build_op_case(graph, name, int(oc["heads"]), int(oc["channels"]), dtype,
+                             device, int(cfg.get("seed", 0)))
+
+    return run_cases("op", graph, oc["names"], build, "naive", facts, dtype, device, settings,
+                     on_row=on_row)

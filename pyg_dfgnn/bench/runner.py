@@ -420,6 +420,40 @@ def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
     return rows
 
 
+def run_cases(section: str, graph: BenchGraph, names, build: Callable[[str], Case],
+              baseline: str, contenders: Dict[str, Factory], dtype: torch.dtype, device,
+              settings: Settings, on_row: Optional[Callable[[Dict[str, Any]], None]] = None,
+              before: Optional[Callable[[str], Optional[str]]] = None,
+              after: Optional[Callable[[str, Dict[str, Any]], None]] = None
+              ) -> List[Dict[str, Any]]:
+    """Every named case of one section on one graph: skipped once the time
+    budget is spent, reported per contender when its inputs cannot be built,
+    otherwise :func:`run_case`."""
+    rows: List[Dict[str, Any]] = []
+
+    def emit(new: List[Dict[str, Any]]) -> None:
+        for r in new:
+            if on_row is not None:
+                on_row(r)
+        rows.extend(new)
+
+    for name in names:
+        late = settings.out_of_time()
+        if late:
+            emit(failed_case_rows(section, graph, name, dtype, device, baseline, contenders,
+                                  None, settings, status=f"skipped: {late}"))
+            continue
+        try:
+            case = build(name)
+        except Exception as e:
+            emit(failed_case_rows(section, graph, name, dtype, device, baseline, contenders, e,
+                                  settings))
+            continue
+        rows += run_case(case, contenders, settings, on_row=on_row, before=before, after=after)
+        del case
+    return rows
+
+
 def failed_case_rows(section: str, graph: BenchGraph, name: str, dtype: torch.dtype,
                      device, baseline: str, contenders, exc: Optional[BaseException],
                      settings: Settings, status: Optional[str] = None
