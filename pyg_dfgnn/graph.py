@@ -381,7 +381,14 @@ def _with_self_loops(adj: Any, num_nodes: int, num_src: int, num_dst: int) -> CS
         looped = torch_sparse.set_diag(adj)
         return build_graph(looped)
     if is_torch_sparse(adj):
-        raise NotImplementedError("self-loops are not added to torch.sparse adjacencies")
+        # PyG's own utils keep the layout; the looped tensor is kept for callers
+        # that return attention weights as sparse values
+        from torch_geometric.utils import add_self_loops, remove_self_loops
+        looped, _ = remove_self_loops(adj)
+        looped, _ = add_self_loops(looped, num_nodes=num_nodes)
+        g = build_graph(looped)
+        g.adj = looped
+        return g
     _check_edge_index(adj)
     ei = adj.as_subclass(Tensor) if type(adj) is not Tensor else adj
     _check_index("edge_index", ei[0], num_src, "source")
@@ -405,6 +412,8 @@ def get_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = No
         return _cache.get(adj, key, lambda: build_graph(adj, (ns, nd)))
 
     def build():
+        if is_sparse_tensor(adj) or is_torch_sparse(adj):  # sizes come from the tensor
+            return _with_self_loops(adj, self_loops, 0, 0)
         if ns is None or nd is None:
             n = int(adj.max()) + 1 if isinstance(adj, Tensor) and adj.numel() else 0
             s, d = (ns if ns is not None else max(n, self_loops),

@@ -28,7 +28,6 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import add_self_loops, remove_self_loops
 from torch_geometric.utils.sparse import set_sparse_value
 
-from .. import graph as _graph
 from ..graph import CSRGraph, get_graph, is_sparse_tensor, is_torch_sparse
 from ..ops import SUPPORTED_DTYPES
 
@@ -184,17 +183,6 @@ def _pyg_loops(adj: Any, edge_attr: Optional[Tensor], fill_value: Any,
     return add_self_loops(adj, edge_attr, fill_value=fill_value, num_nodes=num_nodes)
 
 
-def _torch_sparse_looped_graph(adj: Tensor, fill_value: Any, num_nodes: int) -> CSRGraph:
-    """Cached graph of a ``torch.sparse`` adjacency after PyG's self-loop handling
-    (``graph.adj`` holds the looped tensor; its indices, not values, are reused)."""
-    def build() -> CSRGraph:
-        looped, _ = _pyg_loops(adj, None, fill_value, num_nodes)
-        g = _graph.build_graph(looped)
-        g.adj = looped
-        return g
-    return _graph._cache.get(adj, ("pyg_dfgnn.nn:torch_sparse_loops",), build)
-
-
 def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
                   num_dst: Optional[int]) -> Tuple[int, int]:
     """``(num_src, num_dst)`` exactly as PyG's ``propagate`` infers them."""
@@ -276,7 +264,7 @@ def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
             adj, edge_attr = _pyg_loops(edge_index, edge_attr, fill_value, loops)
             graph = get_graph(adj)
         else:
-            graph = _torch_sparse_looped_graph(edge_index, fill_value, loops)
+            graph = get_graph(edge_index, None, loops)  # graph.py applies PyG's loops
             adj = graph.adj
         ea = implied_edge_attr(adj, edge_attr) if use_edge_attr else None
         return Adjacency(graph, ea, adj)
