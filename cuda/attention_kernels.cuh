@@ -181,44 +181,13 @@ __device__ __forceinline__ EdgeLane edge_lane(const Params<T, I>& p, const Group
   return l;
 }
 
-// Score of edge (i <- j) with original id eo, reduced over the group; all
-// lanes return it.  Vector kinds only (GAT's score is a scalar per lane).
-template <int KIND, typename T, typename I, int VEC>
-__device__ __forceinline__ float vec_score(const Params<T, I>& p, const Group& g, int64_t i,
-                                           int64_t j, int64_t eo, int64_t h) {
-  float part = 0.f;
-  const int64_t F = p.F;
-  const T* a = p.dst + (i * p.H + h) * F;
-  const T* b = p.src + (j * p.H + h) * F;
-  const T* ed = p.edge ? p.edge + (eo * p.H + h) * F : nullptr;
-  for (int64_t f = (int64_t)g.lg * VEC; f < F; f += (int64_t)g.G * VEC) {
-    float x[VEC], y[VEC];
-    load_vec<T, VEC>(a + f, x);
-    load_vec<T, VEC>(b + f, y);
-    if (ed) {
-      float z[VEC];
-      load_vec<T, VEC>(ed + f, z);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) y[k] += z[k];
-    }
-    if constexpr (KIND == DOT) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) part += x[k] * y[k];
-    } else {
-      float w[VEC];
-      load_vec<T, VEC>(p.att + h * F + f, w);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) part += w[k] * leaky(x[k] + y[k], p.slope);
-    }
-  }
-  part = g.sum(part);
-  return KIND == DOT ? part * p.scale : part;
-}
-
-// <x_i, y_j (+ e)> over all features (dP of backward), reduced over the group.
-template <typename T, int VEC>
-__device__ __forceinline__ float vec_dot(const Group& g, const T* x, const T* y, const T* e,
-                                         int64_t F) {
+// Group-reduced pair term over all features of one (row, source, head):
+//   LEAKY = false: <x, y (+ e)>          (dot scores, dP, Delta)
+//   LEAKY = true:  <w, LeakyReLU(x + y (+ e))>   (GATv2 scores)
+// All lanes return it.
+template <bool LEAKY, typename T, int VEC>
+__device__ __forceinline__ float vec_reduce(const Group& g, const T* x, const T* y, const T* e,
+                                            const T* w, int64_t F, float slope) {
   float part = 0.f;
   for (int64_t f = (int64_t)g.lg * VEC; f < F; f += (int64_t)g.G * VEC) {
     float a[VEC], b[VEC];
@@ -230,10 +199,36 @@ __device__ __forceinline__ float vec_dot(const Group& g, const T* x, const T* y,
 #pragma unroll
       for (int k = 0; k < VEC; ++k) b[k] += c[k];
     }
+    if constexpr (LEAKY) {
+      float ww[VEC];
+      load_vec<T, VEC>(w + f, ww);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) part += a[k] * b[k];
+      for (int k = 0; k < VEC; ++k) part += ww[k] * leaky(a[k] + b[k], slope);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) part += a[k] * b[k];
+    }
   }
   return g.sum(part);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ float vec_dot(const Group& g, const T* x, const T* y, const T* e,
+                                         int64_t F) {
+  return vec_reduce<false, T, VEC>(g, x, y, e, nullptr, F, 0.f);
+}
+
+// Score of edge (i <- j) with original id eo (vector kinds; GAT's score is a
+// scalar per lane).
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ float vec_score(const Params<T, I>& p, const Group& g, int64_t i,
+                                           int64_t j, int64_t eo, int64_t h) {
+  const int64_t F = p.F;
+  const float r = vec_reduce<KIND == GATV2, T, VEC>(
+      g, p.dst + (i * p.H + h) * F, p.src + (j * p.H + h) * F,
+      p.edge ? p.edge + (eo * p.H + h) * F : nullptr, KIND == GATV2 ? p.att + h * F : nullptr,
+      F, p.slope);
+  return KIND == DOT ? r * p.scale : r;
 }
 
 // Scores of one chunk of <= G edges: lane t gets the score (and, for GAT, the
