@@ -30,6 +30,10 @@ enum Kind : int { GAT = 0, GATV2 = 1, DOT = 2 };
 
 constexpr int kThreads = 256;
 constexpr int kMaxChunks = 2;  // feature chunks per lane per tile (registers)
+// Chunks per lane for a vector width: at most 8 fp32 registers per tile, so
+// 16-byte fp16/bf16 vectors (8 elements) take one chunk, float4 two.
+template <int VEC> constexpr int kChunks = VEC >= 8 ? 1 : kMaxChunks;
+__host__ __device__ constexpr int chunks_for(int vec) { return vec >= 8 ? 1 : kMaxChunks; }
 
 // ------------------------------------------------------------------ numerics
 template <typename T> __device__ __forceinline__ float to_f(T x) { return static_cast<float>(x); }
@@ -163,33 +167,75 @@ __device__ __forceinline__ bool get_item(const Params<T, I>& p, const I* rowptr,
   return true;
 }
 
-// The edge this lane handles in the chunk starting at base: CSR position e,
-// source j and original edge id eo (zeros past the end).
-struct EdgeLane {
-  int64_t e, j, eo;
-  bool valid;
-};
-
-template <typename T, typename I>
-__device__ __forceinline__ EdgeLane edge_lane(const Params<T, I>& p, const Group& g,
-                                              int64_t base, int64_t end) {
-  EdgeLane l;
-  l.e = base + g.lg;
-  l.valid = l.e < end;
-  l.j = l.valid ? (int64_t)p.col[l.e] : 0;
-  l.eo = l.valid ? (p.perm ? (int64_t)p.perm[l.e] : l.e) : 0;
-  return l;
+__device__ __forceinline__ float keep_factor(float drop_p, uint64_t seed, int64_t e, int64_t H,
+                                             int64_t h) {
+  if (drop_p <= 0.f) return 1.f;
+  return philox_uniform(seed, (uint64_t)(e * H + h)) >= drop_p ? 1.f / (1.f - drop_p) : 0.f;
 }
 
-// Group-reduced pair term over all features of one (row, source, head):
-//   LEAKY = false: <x, y (+ e)>          (dot scores, dP, Delta)
-//   LEAKY = true:  <w, LeakyReLU(x + y (+ e))>   (GATv2 scores)
-// All lanes return it.
+// ---------------------------------------------------------- register tiles
+// The features of one head a lane holds: chunk c is f0 + c*G*VEC + lg*VEC
+// (f < 0: outside the tile or past F).  A launch column (blockIdx.y) owns the
+// tile [f0, f0 + tile); `wide` means F does not fit one tile, so full-length
+// reductions (scores, dP, Delta) add the features outside it from memory.
+template <int VEC>
+struct Feat {
+  int64_t f[kChunks<VEC>];
+  int64_t f0, hi;
+  bool wide;
+  __device__ __forceinline__ Feat(const Group& g, int64_t f0_, int64_t tile, int64_t F)
+      : f0(f0_), hi(f0_ + tile), wide(tile < F) {
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c) {
+      const int64_t x = f0 + (int64_t)c * g.G * VEC + (int64_t)g.lg * VEC;
+      f[c] = (x < F && x < hi) ? x : -1;
+    }
+  }
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_tile(const Feat<VEC>& ft, const T* __restrict__ row,
+                                          float (&x)[kChunks<VEC>][VEC]) {
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c) {
+    if (ft.f[c] >= 0) load_vec<T, VEC>(row + ft.f[c], x[c]);
+    else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) x[c][k] = 0.f;
+    }
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void add_tile(const Feat<VEC>& ft, const T* __restrict__ row,
+                                         float (&x)[kChunks<VEC>][VEC]) {
+  float y[kChunks<VEC>][VEC];
+  load_tile<T, VEC>(ft, row, y);
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) x[c][k] += y[c][k];
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_tile(const Feat<VEC>& ft, T* __restrict__ row,
+                                           const float (&x)[kChunks<VEC>][VEC]) {
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c)
+    if (ft.f[c] >= 0) store_vec<T, VEC>(row + ft.f[c], x[c]);
+}
+
+// Lane partial of a pair term over one (row, source, head):
+//   LEAKY = false: <x, y (+ e)>               (dot scores, dP, Delta)
+//   LEAKY = true:  <w, LeakyReLU(x + y (+ e))> (GATv2 scores)
+// over the features f = lg*VEC + m*G*VEC with f outside [lo, hi).
 template <bool LEAKY, typename T, int VEC>
-__device__ __forceinline__ float vec_reduce(const Group& g, const T* x, const T* y, const T* e,
-                                            const T* w, int64_t F, float slope) {
+__device__ __forceinline__ float pair_part(const Group& g, const T* x, const T* y, const T* e,
+                                           const T* w, int64_t F, int64_t lo, int64_t hi,
+                                           float slope) {
   float part = 0.f;
   for (int64_t f = (int64_t)g.lg * VEC; f < F; f += (int64_t)g.G * VEC) {
+    if (f >= lo && f < hi) continue;
     float a[VEC], b[VEC];
     load_vec<T, VEC>(x + f, a);
     load_vec<T, VEC>(y + f, b);
@@ -209,151 +255,324 @@ __device__ __forceinline__ float vec_reduce(const Group& g, const T* x, const T*
       for (int k = 0; k < VEC; ++k) part += a[k] * b[k];
     }
   }
-  return g.sum(part);
+  return part;
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ float vec_dot(const Group& g, const T* x, const T* y, const T* e,
-                                         int64_t F) {
-  return vec_reduce<false, T, VEC>(g, x, y, e, nullptr, F, 0.f);
-}
-
-// Score of edge (i <- j) with original id eo (vector kinds; GAT's score is a
-// scalar per lane).
-template <int KIND, typename T, typename I, int VEC>
-__device__ __forceinline__ float vec_score(const Params<T, I>& p, const Group& g, int64_t i,
-                                           int64_t j, int64_t eo, int64_t h) {
-  const int64_t F = p.F;
-  const float r = vec_reduce<KIND == GATV2, T, VEC>(
-      g, p.dst + (i * p.H + h) * F, p.src + (j * p.H + h) * F,
-      p.edge ? p.edge + (eo * p.H + h) * F : nullptr, KIND == GATV2 ? p.att + h * F : nullptr,
-      F, p.slope);
-  return KIND == DOT ? r * p.scale : r;
-}
-
-// Scores of one chunk of <= G edges: lane t gets the score (and, for GAT, the
-// pre-activation z) of edge base + t; -inf for lanes past the end.
-template <int KIND, typename T, typename I, int VEC>
-__device__ __forceinline__ float chunk_scores(const Params<T, I>& p, const Group& g, int64_t row,
-                                              int64_t h, int64_t base, int64_t end, bool valid,
-                                              int64_t j, int64_t eo, float a_dst, float& z) {
-  float s = -INFINITY;
-  z = 0.f;
-  if constexpr (KIND == GAT) {
-    if (valid) {
-      z = to_f(p.src[j * p.H + h]) + a_dst;
-      if (p.edge) z += to_f(p.edge[eo * p.H + h]);
-      s = leaky(z, p.slope);
-    }
-  } else {
-    const int cnt = (int)imin(g.G, end - base);
-#pragma unroll 4
-    for (int t = 0; t < cnt; ++t) {
-      const int64_t jt = g.bcast(j, t), et = g.bcast(eo, t);
-      const float st = vec_score<KIND, T, I, VEC>(p, g, row, jt, et, h);
-      if (g.lg == t) s = st;
-    }
-  }
+// Lane partial of <x, y> over the register tiles.
+template <int VEC>
+__device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
+                                          const float (&y)[kChunks<VEC>][VEC]) {
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) s += x[c][k] * y[c][k];
   return s;
 }
 
-__device__ __forceinline__ float keep_factor(float drop_p, uint64_t seed, int64_t e, int64_t H,
-                                             int64_t h) {
-  if (drop_p <= 0.f) return 1.f;
-  return philox_uniform(seed, (uint64_t)(e * H + h)) >= drop_p ? 1.f / (1.f - drop_p) : 0.f;
-}
+// ------------------------------------------------------------ edge batches
+// A group walks its edge range in batches of kBatch edges.  Every lane of the
+// group loads the same indices (one broadcast transaction) and its slice of
+// the batch's feature rows, so kBatch independent gathers per lane are in
+// flight; the per-edge reductions are butterflies, after which every lane
+// holds every score of the batch (bit-identical across lanes), so the online
+// softmax needs no further communication.
+// Edges per batch (4: the key and value rows of a dot-product batch take 64
+// fp32 registers; 8 spilled for GATv2 and was slower for GAT).
+template <int KIND> constexpr int kBatch = 4;
+// The column pass gathers two rows per edge except for GAT (dO only).
+template <int KIND> constexpr int kColBatch = KIND == GAT ? 8 : 4;
 
-// Feature offset of chunk c of the tile for this lane, or -1 when outside.
-__device__ __forceinline__ int64_t feat_at(const Group& g, int64_t f0, int64_t tile, int64_t F,
-                                           int c, int VEC) {
-  const int64_t f = f0 + (int64_t)c * g.G * VEC + (int64_t)g.lg * VEC;
-  return (f < F && f < f0 + tile) ? f : -1;
-}
+// Per (row, head) operands held in registers for the whole row.
+template <int KIND, int VEC>
+struct RowOps {
+  float xi[kChunks<VEC>][VEC];  // q_i (dot) or x_dst_i (GATv2)
+  float at[kChunks<VEC>][VEC];  // att (GATv2)
+  float a_dst;                // a_dst_i (GAT)
+};
 
-// =============================================================== forward
 template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads, 3) fwd_kernel(const Params<T, I> p) {
-  const Group g(p.G);
-  Item it;
-  if (!get_item(p, p.rowptr, it)) return;
-  const int64_t h = it.h, row = it.row, begin = it.begin, end = it.end,
-                slot = it.slot;
-  const int64_t F = p.F, f0 = (int64_t)blockIdx.y * p.tile;
-  const float a_dst = KIND == GAT ? to_f(p.dst[row * p.H + h]) : 0.f;
+__device__ __forceinline__ void load_row_ops(const Params<T, I>& p, const Feat<VEC>& ft, int64_t row,
+                                             int64_t h, RowOps<KIND, VEC>& r) {
+  r.a_dst = 0.f;
+  if constexpr (KIND == GAT) {
+    r.a_dst = to_f(p.dst[row * p.H + h]);
+  } else {
+    load_tile<T, VEC>(ft, p.dst + (row * p.H + h) * p.F, r.xi);
+    if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * p.F, r.at);
+  }
+}
 
-  float m = -INFINITY, l = 0.f;
-  float acc[kMaxChunks][VEC];
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) acc[c][k] = 0.f;
+// One batch of edges at CSR positions base .. base + n - 1 of a row.
+template <int KIND, typename I, int VEC>
+struct Batch {
+  int n;
+  int64_t base;                  // CSR position of edge 0 (edge t: base + t)
+  I j[kBatch<KIND>], eo[kBatch<KIND>];       // sources and original edge ids
+  float v[kBatch<KIND>][kChunks<VEC>][VEC];                       // value rows (+ e_ij for dot)
+  float k[KIND == DOT ? kBatch<KIND> : 1][kChunks<VEC>][VEC];     // key rows (+ e_ij), dot only
+  float s[kBatch<KIND>], z[kBatch<KIND>];                             // scores (GAT: and z)
+};
 
-  for (int64_t base = begin; base < end; base += g.G) {
-    const EdgeLane el = edge_lane(p, g, base, end);
-    const int64_t e = el.e, j = el.j, eo = el.eo;
-    const bool valid = el.valid;
-    float z;
-    const float s = chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
-    const float nm = fmaxf(m, g.max(s));
-    const float corr = __expf(m - nm);
-    const float pe = valid ? __expf(s - nm) : 0.f;
-    l = l * corr + g.sum(pe);
-    const float w = valid ? pe * keep_factor(p.drop_p, p.seed, e, p.H, h) : 0.f;
+// VALUES = false skips the value rows where the score does not need them
+// (the attention-weight pass).
+template <int KIND, typename T, typename I, int VEC, bool VALUES = true>
+__device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
+                                           int64_t base, int64_t end, bool need_eo,
+                                           Batch<KIND, I, VEC>& b) {
+  b.n = (int)imin(kBatch<KIND>, end - base);
+  b.base = base;
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; ++c)
+  for (int t = 0; t < kBatch<KIND>; ++t) {
+    const bool ok = t < b.n;
+    b.j[t] = ok ? p.col[base + t] : I(0);
+    b.eo[t] = (ok && need_eo) ? (p.perm ? p.perm[base + t] : I(base + t)) : I(0);
+  }
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[c][k] *= corr;
-    const int cnt = (int)imin(g.G, end - base);
-#pragma unroll 4
-    for (int t = 0; t < cnt; ++t) {
-      const int64_t jt = g.bcast(j, t);
-      const float wt = g.bcast(w, t);
-      const int64_t et = (KIND == DOT && p.edge) ? g.bcast(eo, t) : 0;
+  for (int t = 0; t < kBatch<KIND>; ++t) {
+    const int64_t off = ((int64_t)b.j[t] * p.H + h) * p.F;
+    if (t < b.n && (VALUES || KIND == GATV2)) {
+      load_tile<T, VEC>(ft, p.val + off, b.v[t]);
+      if constexpr (KIND == DOT) load_tile<T, VEC>(ft, p.src + off, b.k[t]);
+    } else if (t < b.n && KIND == DOT) {
+      load_tile<T, VEC>(ft, p.src + off, b.k[t]);
 #pragma unroll
-      for (int c = 0; c < kMaxChunks; ++c) {
-        const int64_t f = feat_at(g, f0, p.tile, F, c, VEC);
-        if (f < 0) continue;
-        float v[VEC];
-        load_vec<T, VEC>(p.val + (jt * p.H + h) * F + f, v);
-        if (KIND == DOT && p.edge) {
-          float ev[VEC];
-          load_vec<T, VEC>(p.edge + (et * p.H + h) * F + f, ev);
+      for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) v[k] += ev[k];
+        for (int q = 0; q < VEC; ++q) b.v[t][c][q] = 0.f;
+    } else {
+#pragma unroll
+      for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) {
+          b.v[t][c][q] = 0.f;
+          if constexpr (KIND == DOT) b.k[t][c][q] = 0.f;
         }
+    }
+  }
+  if constexpr (KIND == DOT) {
+    if (p.edge) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) acc[c][k] += wt * v[k];
+      for (int t = 0; t < kBatch<KIND>; ++t) {
+        if (t >= b.n) continue;
+        float x[kChunks<VEC>][VEC];
+        load_tile<T, VEC>(ft, p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F, x);
+#pragma unroll
+        for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) {
+            b.v[t][c][q] += x[c][q];
+            b.k[t][c][q] += x[c][q];
+          }
       }
     }
-    m = nm;
   }
+}
 
+// Scores of the batch (-inf past its end); GAT also keeps the pre-activation z.
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group& g,
+                                             const Feat<VEC>& ft, int64_t row, int64_t h,
+                                             const RowOps<KIND, VEC>& r, Batch<KIND, I, VEC>& b) {
+  float part[kBatch<KIND>];
+#pragma unroll
+  for (int t = 0; t < kBatch<KIND>; ++t) {
+    part[t] = 0.f;
+    b.z[t] = 0.f;
+    if constexpr (KIND == GAT) {
+      if (t < b.n) {
+        float z = to_f(p.src[b.j[t] * p.H + h]) + r.a_dst;
+        if (p.edge) z += to_f(p.edge[b.eo[t] * p.H + h]);
+        b.z[t] = z;
+      }
+    } else if constexpr (KIND == DOT) {
+      part[t] = tile_dot<VEC>(r.xi, b.k[t]);
+    } else {  // GATV2: the score operand is x_src_j (+ x_edge), the value x_src_j
+      float ev[kChunks<VEC>][VEC];
+      if (p.edge && t < b.n) load_tile<T, VEC>(ft, p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F, ev);
+      else {
+#pragma unroll
+        for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) ev[c][q] = 0.f;
+      }
+#pragma unroll
+      for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+        for (int q = 0; q < VEC; ++q)
+          part[t] += r.at[c][q] * leaky(r.xi[c][q] + b.v[t][c][q] + ev[c][q], p.slope);
+    }
+    if (KIND != GAT && ft.wide && t < b.n) {
+      const int64_t F = p.F;
+      const T* e = p.edge ? p.edge + ((int64_t)b.eo[t] * p.H + h) * F : nullptr;
+      part[t] += pair_part<KIND == GATV2, T, VEC>(g, p.dst + (row * p.H + h) * F,
+                                                  p.src + ((int64_t)b.j[t] * p.H + h) * F, e,
+                                                  KIND == GATV2 ? p.att + h * F : nullptr, F,
+                                                  ft.f0, ft.hi, p.slope);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kBatch<KIND>; ++t) {
+    float s;
+    if constexpr (KIND == GAT) s = leaky(b.z[t], p.slope);
+    else s = g.sum(part[t]) * (KIND == DOT ? p.scale : 1.f);
+    b.s[t] = t < b.n ? s : -INFINITY;
+  }
+}
+
+// dP of the batch: <dO_i, v_j (+ e_ij for dot)> over all features.
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, const Feat<VEC>& ft,
+                                         int64_t h, const float (&dO)[kChunks<VEC>][VEC],
+                                         const T* dO_row, const Batch<KIND, I, VEC>& b,
+                                         float (&dP)[kBatch<KIND>]) {
+#pragma unroll
+  for (int t = 0; t < kBatch<KIND>; ++t) {
+    float part = tile_dot<VEC>(dO, b.v[t]);
+    if (ft.wide && t < b.n) {
+      const T* e = (KIND == DOT && p.edge) ? p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F : nullptr;
+      part += pair_part<false, T, VEC>(g, dO_row, p.val + ((int64_t)b.j[t] * p.H + h) * p.F, e, nullptr,
+                                       p.F, ft.f0, ft.hi, 0.f);
+    }
+    dP[t] = part;
+  }
+#pragma unroll
+  for (int t = 0; t < kBatch<KIND>; ++t) dP[t] = g.sum(dP[t]);
+}
+
+// Result of one (item, head): the normalised row (and its lse) or, for a
+// segment of a split row, the partial (m, l, acc).
+template <typename T, typename I, int VEC>
+__device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g, const Feat<VEC>& ft,
+                                          const Item& it, float m, float l,
+                                          float (&acc)[kChunks<VEC>][VEC]) {
+  const int64_t h = it.h, row = it.row, slot = it.slot;
   if (slot < 0) {
     const float inv = 1.f / (l + 1e-16f);
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; ++c) {
-      const int64_t f = feat_at(g, f0, p.tile, F, c, VEC);
-      if (f < 0) continue;
-      float v[VEC];
+    for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) v[k] = acc[c][k] * inv;
-      store_vec<T, VEC>(p.out + (row * p.H + h) * F + f, v);
-    }
+      for (int k = 0; k < VEC; ++k) acc[c][k] *= inv;
+    store_tile<T, VEC>(ft, p.out + (row * p.H + h) * p.F, acc);
     if (blockIdx.y == 0 && g.lg == 0)
-      p.lse[row * p.H + h] = end > begin ? m + __logf(l + 1e-16f) : -INFINITY;
+      p.lse[row * p.H + h] = it.end > it.begin ? m + __logf(l + 1e-16f) : -INFINITY;
   } else {
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; ++c) {
-      const int64_t f = feat_at(g, f0, p.tile, F, c, VEC);
-      if (f < 0) continue;
+    for (int c = 0; c < kChunks<VEC>; ++c) {
+      if (ft.f[c] < 0) continue;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) p.part_acc[(slot * p.H + h) * F + f + k] = acc[c][k];
+      for (int k = 0; k < VEC; ++k) p.part_acc[(slot * p.H + h) * p.F + ft.f[c] + k] = acc[c][k];
     }
     if (blockIdx.y == 0 && g.lg == 0) {
       p.part_m[slot * p.H + h] = m;
       p.part_l[slot * p.H + h] = l;
     }
   }
+}
+
+// =============================================================== forward
+// Online-softmax state of one (item, head): running max m, sum l, and the
+// lane's slice of the un-normalised output.
+template <int VEC>
+struct Softmax {
+  float m = -INFINITY, l = 0.f;
+  float acc[kChunks<VEC>][VEC];
+  __device__ __forceinline__ Softmax() {
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[c][k] = 0.f;
+  }
+  // New running max nm: rescale what was accumulated so far.
+  __device__ __forceinline__ void rescale(float nm) {
+    const float corr = __expf(m - nm);
+    l *= corr;
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[c][k] *= corr;
+    m = nm;
+  }
+  __device__ __forceinline__ void add(float w, const float (&v)[kChunks<VEC>][VEC]) {
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[c][k] += w * v[c][k];
+  }
+};
+
+// Scalar scores (GAT): lanes own edges.  Edges are consumed in chunks of G;
+// lane t loads the index of edge base + t and computes its score and exp once,
+// a group max/sum updates the softmax, then the value rows of the chunk are
+// broadcast-gathered.  Measured on the H200 (docs/KERNELS.md): 25% faster for
+// GAT than the group-per-edge batches, whose per-edge index/score work every
+// lane would repeat.
+template <typename T, typename I, int VEC>
+__device__ __forceinline__ void fwd_lane_edges(const Params<T, I>& p, const Group& g,
+                                               const Feat<VEC>& ft, const Item& it, float a_dst,
+                                               Softmax<VEC>& sm) {
+  const int64_t h = it.h;
+  for (int64_t base = it.begin; base < it.end; base += g.G) {
+    const int64_t e = base + g.lg;
+    const bool valid = e < it.end;
+    const int64_t j = valid ? (int64_t)p.col[e] : 0;
+    float s = -INFINITY;
+    if (valid) {
+      float z = to_f(p.src[j * p.H + h]) + a_dst;
+      if (p.edge) z += to_f(p.edge[(p.perm ? (int64_t)p.perm[e] : e) * p.H + h]);
+      s = leaky(z, p.slope);
+    }
+    sm.rescale(fmaxf(sm.m, g.max(s)));
+    const float pe = valid ? __expf(s - sm.m) : 0.f;
+    sm.l += g.sum(pe);
+    const float w = valid ? pe * keep_factor(p.drop_p, p.seed, e, p.H, h) : 0.f;
+    const int cnt = (int)imin(g.G, it.end - base);
+#pragma unroll 4
+    for (int t = 0; t < cnt; ++t) {
+      const int64_t jt = g.bcast(j, t);
+      float v[kChunks<VEC>][VEC];
+      load_tile<T, VEC>(ft, p.val + (jt * p.H + h) * p.F, v);
+      sm.add(g.bcast(w, t), v);
+    }
+  }
+}
+
+// Vector scores (dot, GATv2): the group owns edges.  Batches of kBatch edges;
+// every lane holds every (butterfly-reduced) score of the batch.
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ void fwd_group_edges(const Params<T, I>& p, const Group& g,
+                                                const Feat<VEC>& ft, const Item& it,
+                                                const RowOps<KIND, VEC>& r, Softmax<VEC>& sm) {
+  const int64_t h = it.h;
+  for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
+    Batch<KIND, I, VEC> b;
+    load_batch<KIND, T, I, VEC>(p, ft, h, base, it.end, p.edge != nullptr, b);
+    batch_scores<KIND, T, I, VEC>(p, g, ft, it.row, h, r, b);
+    float mx = sm.m;
+#pragma unroll
+    for (int t = 0; t < kBatch<KIND>; ++t) mx = fmaxf(mx, b.s[t]);
+    sm.rescale(mx);
+#pragma unroll
+    for (int t = 0; t < kBatch<KIND>; ++t) {
+      const float pe = t < b.n ? __expf(b.s[t] - sm.m) : 0.f;
+      sm.l += pe;
+      sm.add(pe * keep_factor(p.drop_p, p.seed, b.base + t, p.H, h), b.v[t]);
+    }
+  }
+}
+
+template <int KIND, typename T, typename I, int VEC>
+__global__ void __launch_bounds__(kThreads, KIND == GAT ? 3 : 2) fwd_kernel(const Params<T, I> p) {
+  const Group g(p.G);
+  Item it;
+  if (!get_item(p, p.rowptr, it)) return;
+  const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, p.F);
+  RowOps<KIND, VEC> r;
+  load_row_ops<KIND, T, I, VEC>(p, ft, it.row, it.h, r);
+  Softmax<VEC> sm;
+  if constexpr (KIND == GAT) fwd_lane_edges<T, I, VEC>(p, g, ft, it, r.a_dst, sm);
+  else fwd_group_edges<KIND, T, I, VEC>(p, g, ft, it, r, sm);
+  write_row<T, I, VEC>(p, g, ft, it, sm.m, sm.l, sm.acc);
 }
 
 // Merge the partial (m, l, acc) of split rows: merge [R, 3] = (row, s0, s1).
@@ -381,43 +600,28 @@ __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int
   if (threadIdx.x == 0) lse[row * H + h] = M + __logf(L + 1e-16f);
 }
 
+
 // Attention weights (post-dropout) in original edge order, from the final lse.
 template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads) alpha_kernel(const Params<T, I> p) {
+__global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.rowptr, it)) return;
-  const int64_t h = it.h, row = it.row, begin = it.begin, end = it.end,
-                slot = it.slot;
-  const float a_dst = KIND == GAT ? to_f(p.dst[row * p.H + h]) : 0.f;
+  const int64_t h = it.h, row = it.row;
+  const Feat<VEC> ft(g, 0, p.tile, p.F);
+  RowOps<KIND, VEC> r;
+  load_row_ops<KIND, T, I, VEC>(p, ft, row, h, r);
   const float lse = p.lse[row * p.H + h];
-  for (int64_t base = begin; base < end; base += g.G) {
-    const EdgeLane el = edge_lane(p, g, base, end);
-    const int64_t e = el.e, j = el.j, eo = el.eo;
-    const bool valid = el.valid;
-    float z;
-    const float s = chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
-    if (valid)
-      p.alpha[eo * p.H + h] =
-          from_f<T>(__expf(s - lse) * keep_factor(p.drop_p, p.seed, e, p.H, h));
+  for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
+    Batch<KIND, I, VEC> b;
+    load_batch<KIND, T, I, VEC, false>(p, ft, h, base, it.end, true, b);
+    batch_scores<KIND, T, I, VEC>(p, g, ft, row, h, r, b);
+#pragma unroll
+    for (int t = 0; t < kBatch<KIND>; ++t)
+      if (t < b.n && g.lg == (t & (g.G - 1)))
+        p.alpha[b.eo[t] * p.H + h] =
+            from_f<T>(__expf(b.s[t] - lse) * keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h));
   }
-}
-
-// dP of one chunk: lane t gets <dO_i, v_j (+ e_ij)> of edge base + t.
-template <int KIND, typename T, typename I, int VEC>
-__device__ __forceinline__ float chunk_dP(const Params<T, I>& p, const Group& g, const T* dO,
-                                          int64_t h, int64_t base, int64_t end, int64_t j,
-                                          int64_t eo) {
-  float dP = 0.f;
-  const int cnt = (int)imin(g.G, end - base);
-#pragma unroll 4
-  for (int t = 0; t < cnt; ++t) {
-    const int64_t jt = g.bcast(j, t), et = g.bcast(eo, t);
-    const T* ev = (KIND == DOT && p.edge) ? p.edge + (et * p.H + h) * p.F : nullptr;
-    const float d = vec_dot<T, VEC>(g, dO, p.val + (jt * p.H + h) * p.F, ev, p.F);
-    if (g.lg == t) dP = d;
-  }
-  return dP;
 }
 
 // ============================================================== backward
@@ -433,127 +637,126 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.rowptr, it)) return;
-  const int64_t item = it.item, h = it.h, row = it.row, begin = it.begin, end = it.end,
-                slot = it.slot;
-  const int64_t F = p.F, f0 = (int64_t)blockIdx.y * p.tile;
-  const float a_dst = KIND == GAT ? to_f(p.dst[row * p.H + h]) : 0.f;
-  const T* dO = p.dout + (row * p.H + h) * F;
-  float delta = vec_dot<T, VEC>(g, dO, p.o + (row * p.H + h) * F, nullptr, F);
+  const int64_t item = it.item, h = it.h, row = it.row, slot = it.slot, F = p.F;
+  const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, F);
+  RowOps<KIND, VEC> r;
+  load_row_ops<KIND, T, I, VEC>(p, ft, row, h, r);
+  const T* dO_row = p.dout + (row * p.H + h) * F;
+  float dO[kChunks<VEC>][VEC];
+  load_tile<T, VEC>(ft, dO_row, dO);
   const float lse = p.lse_in[row * p.H + h];
-  if constexpr (sizeof(T) < 4) {
+  const bool need_eo = p.edge != nullptr;
+
+  float delta;
+  if (sizeof(T) < 4 && slot < 0) {
     // fp16/bf16: O was rounded when stored, and <dO, O> then biases every dS of
     // the row.  Recompute Delta = sum_j alpha~_ij dP_ij in fp32 instead (one
-    // extra pass; split rows keep the stored-O form).
-    if (slot < 0) {
-      float dsum = 0.f;
-      for (int64_t base = begin; base < end; base += g.G) {
-        const EdgeLane el = edge_lane(p, g, base, end);
-        const int64_t e = el.e, j = el.j, eo = el.eo;
-        const bool valid = el.valid;
-        float z;
-        const float s =
-            chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
-        const float dP = chunk_dP<KIND, T, I, VEC>(p, g, dO, h, base, end, j, eo);
-        if (valid) dsum += __expf(s - lse) * keep_factor(p.drop_p, p.seed, e, p.H, h) * dP;
-      }
-      delta = g.sum(dsum);
+    // extra pass; split rows keep the stored-O form).  Every lane holds the
+    // same scores and dP, so the sum needs no reduction.
+    delta = 0.f;
+    for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
+      Batch<KIND, I, VEC> b;
+      load_batch<KIND, T, I, VEC>(p, ft, h, base, it.end, need_eo, b);
+      batch_scores<KIND, T, I, VEC>(p, g, ft, row, h, r, b);
+      float dP[kBatch<KIND>];
+      batch_dP<KIND, T, I, VEC>(p, g, ft, h, dO, dO_row, b, dP);
+#pragma unroll
+      for (int t = 0; t < kBatch<KIND>; ++t)
+        if (t < b.n)
+          delta += __expf(b.s[t] - lse) * keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h) * dP[t];
     }
+  } else {
+    float o[kChunks<VEC>][VEC];
+    const T* o_row = p.o + (row * p.H + h) * F;
+    load_tile<T, VEC>(ft, o_row, o);
+    float part = tile_dot<VEC>(dO, o);
+    if (ft.wide) part += pair_part<false, T, VEC>(g, dO_row, o_row, nullptr, nullptr, F, ft.f0,
+                                                  ft.hi, 0.f);
+    delta = g.sum(part);
   }
 
   float gacc = 0.f;
-  float acc[kMaxChunks][VEC], acc2[kMaxChunks][VEC];
+  float acc[kChunks<VEC>][VEC], acc2[kChunks<VEC>][VEC];
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c)
+  for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc[c][k] = acc2[c][k] = 0.f;
 
-  for (int64_t base = begin; base < end; base += g.G) {
-    const EdgeLane el = edge_lane(p, g, base, end);
-    const int64_t e = el.e, j = el.j, eo = el.eo;
-    const bool valid = el.valid;
-    float z;
-    const float s = chunk_scores<KIND, T, I, VEC>(p, g, row, h, base, end, valid, j, eo, a_dst, z);
-    const float dP = chunk_dP<KIND, T, I, VEC>(p, g, dO, h, base, end, j, eo);
-    const int cnt = (int)imin(g.G, end - base);
-    const float alpha = valid ? __expf(s - lse) : 0.f;
-    const float kf = valid ? keep_factor(p.drop_p, p.seed, e, p.H, h) : 0.f;
-    const float dS = alpha * (dP * kf - delta);
-    float gv;
-    if constexpr (KIND == GAT) gv = dS * dleaky(z, p.slope);
-    else if constexpr (KIND == DOT) gv = dS * p.scale;
-    else gv = dS;
-    const float pdv = alpha * kf;
-    if (valid && blockIdx.y == 0) {
-      p.ds[e * p.H + h] = gv;
-      p.pd[e * p.H + h] = pdv;
-      if (KIND == GAT && p.d_edge) p.d_edge[eo * p.H + h] = from_f<T>(gv);
-    }
-    if constexpr (KIND == GAT) {
-      gacc += gv;
-    } else {
-#pragma unroll 2
-      for (int t = 0; t < cnt; ++t) {
-        const int64_t jt = g.bcast(j, t), et = g.bcast(eo, t);
-        const float gt = g.bcast(gv, t), pt = g.bcast(pdv, t);
+  for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
+    Batch<KIND, I, VEC> b;
+    load_batch<KIND, T, I, VEC>(p, ft, h, base, it.end, need_eo, b);
+    batch_scores<KIND, T, I, VEC>(p, g, ft, row, h, r, b);
+    float dP[kBatch<KIND>];
+    batch_dP<KIND, T, I, VEC>(p, g, ft, h, dO, dO_row, b, dP);
 #pragma unroll
-        for (int c = 0; c < kMaxChunks; ++c) {
-          const int64_t f = feat_at(g, f0, p.tile, F, c, VEC);
-          if (f < 0) continue;
-          float kv[VEC], ev[VEC], dv[VEC];
-          load_vec<T, VEC>(p.src + (jt * p.H + h) * F + f, kv);
-          if (p.edge) load_vec<T, VEC>(p.edge + (et * p.H + h) * F + f, ev);
-          else {
+    for (int t = 0; t < kBatch<KIND>; ++t) {
+      const bool ok = t < b.n;
+      const float alpha = ok ? __expf(b.s[t] - lse) : 0.f;
+      const float kf = ok ? keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h) : 0.f;
+      const float dS = alpha * (dP[t] * kf - delta);
+      float gv;
+      if constexpr (KIND == GAT) gv = dS * dleaky(b.z[t], p.slope);
+      else if constexpr (KIND == DOT) gv = dS * p.scale;
+      else gv = dS;
+      const float pdv = alpha * kf;
+      if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
+        p.ds[(b.base + t) * p.H + h] = gv;
+        p.pd[(b.base + t) * p.H + h] = pdv;
+        if (KIND == GAT && p.d_edge) p.d_edge[b.eo[t] * p.H + h] = from_f<T>(gv);
+      }
+      if constexpr (KIND == GAT) {
+        gacc += gv;
+      } else if constexpr (KIND == DOT) {
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) ev[k] = 0.f;
-          }
-          if constexpr (KIND == DOT) {
+        for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) acc[c][k] += gt * (kv[k] + ev[k]);
-            if (p.d_edge) {
-              float q[VEC], o[VEC];
-              load_vec<T, VEC>(p.dst + (row * p.H + h) * F + f, q);
-              load_vec<T, VEC>(dO + f, o);
+          for (int k = 0; k < VEC; ++k) acc[c][k] += gv * b.k[t][c][k];
+        if (p.d_edge && ok) {
+          float dv[kChunks<VEC>][VEC];
 #pragma unroll
-              for (int k = 0; k < VEC; ++k) dv[k] = gt * q[k] + pt * o[k];
-              store_vec<T, VEC>(p.d_edge + (et * p.H + h) * F + f, dv);
-            }
-          } else {  // GATV2
-            float xr[VEC], a[VEC];
-            load_vec<T, VEC>(p.dst + (row * p.H + h) * F + f, xr);
-            load_vec<T, VEC>(p.att + h * F + f, a);
+          for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-              const float zz = kv[k] + xr[k] + ev[k];
-              dv[k] = gt * a[k] * dleaky(zz, p.slope);
-              acc[c][k] += dv[k];
-              acc2[c][k] += gt * leaky(zz, p.slope);
-            }
-            if (p.d_edge) store_vec<T, VEC>(p.d_edge + (et * p.H + h) * F + f, dv);
-          }
+            for (int k = 0; k < VEC; ++k) dv[c][k] = gv * r.xi[c][k] + pdv * dO[c][k];
+          store_tile<T, VEC>(ft, p.d_edge + ((int64_t)b.eo[t] * p.H + h) * F, dv);
         }
+      } else {  // GATV2
+        float ev[kChunks<VEC>][VEC], dv[kChunks<VEC>][VEC];
+        if (p.edge && ok) load_tile<T, VEC>(ft, p.edge + ((int64_t)b.eo[t] * p.H + h) * F, ev);
+        else {
+#pragma unroll
+          for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) ev[c][k] = 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const float zz = r.xi[c][k] + b.v[t][c][k] + ev[c][k];
+            dv[c][k] = gv * r.at[c][k] * dleaky(zz, p.slope);
+            acc[c][k] += dv[c][k];
+            acc2[c][k] += gv * leaky(zz, p.slope);
+          }
+        if (p.d_edge && ok) store_tile<T, VEC>(ft, p.d_edge + ((int64_t)b.eo[t] * p.H + h) * F, dv);
       }
     }
   }
 
   if constexpr (KIND == GAT) {
-    const float tot = g.sum(gacc);
     if (g.lg == 0 && blockIdx.y == 0) {
-      if (slot < 0) p.d_dst[row * p.H + h] = from_f<T>(tot);
-      else p.part1[slot * p.H + h] = tot;
+      if (slot < 0) p.d_dst[row * p.H + h] = from_f<T>(gacc);
+      else p.part1[slot * p.H + h] = gacc;
     }
   } else {
+    if (slot < 0) store_tile<T, VEC>(ft, p.d_dst + (row * p.H + h) * F, acc);
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; ++c) {
-      const int64_t f = feat_at(g, f0, p.tile, F, c, VEC);
+    for (int c = 0; c < kChunks<VEC>; ++c) {
+      const int64_t f = ft.f[c];
       if (f < 0) continue;
-      if (slot < 0) store_vec<T, VEC>(p.d_dst + (row * p.H + h) * F + f, acc[c]);
-      else {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) p.part1[(slot * p.H + h) * F + f + k] = acc[c][k];
-      }
-      if (KIND == GATV2) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) p.d_att_part[(item * p.H + h) * F + f + k] = acc2[c][k];
+      for (int k = 0; k < VEC; ++k) {
+        if (slot >= 0) p.part1[(slot * p.H + h) * F + f + k] = acc[c][k];
+        if (KIND == GATV2) p.d_att_part[(item * p.H + h) * F + f + k] = acc2[c][k];
       }
     }
   }
@@ -564,80 +767,91 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
 //   GAT:   d_src[j] = sum_i g_ij                      ([N, H])
 //   DOT:   d_src[j] = sum_i g_ij q_i
 //   GATV2: d_src[j] = sum_i g_ij att LeakyReLU'(z_ij) + d_val[j]   (value = src)
+// Batches of kColBatch<KIND> transposed edges as in the row pass; per-feature sums
+// only, so a launch column needs just its own feature tile.
 template <int KIND, typename T, typename I, int VEC>
 __global__ void __launch_bounds__(kThreads, 2) bwd_col_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.t_rowptr, it)) return;
-  const int64_t h = it.h, src = it.row, begin = it.begin, end = it.end, slot = it.slot;
-  const int64_t F = p.F, f0 = (int64_t)blockIdx.y * p.tile;
+  const int64_t h = it.h, src = it.row, slot = it.slot, F = p.F;
+  const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, F);
 
   float gacc = 0.f;
-  float dv[kMaxChunks][VEC], dk[kMaxChunks][VEC], xl[kMaxChunks][VEC], at[kMaxChunks][VEC];
+  float dv[kChunks<VEC>][VEC], dk[kChunks<VEC>][VEC], xl[kChunks<VEC>][VEC], at[kChunks<VEC>][VEC];
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    const int64_t f = feat_at(g, f0, p.tile, F, c, VEC);
+  for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dv[c][k] = dk[c][k] = xl[c][k] = at[c][k] = 0.f;
-    if (KIND == GATV2 && f >= 0) {
-      load_vec<T, VEC>(p.src + (src * p.H + h) * F + f, xl[c]);
-      load_vec<T, VEC>(p.att + h * F + f, at[c]);
-    }
+  if constexpr (KIND == GATV2) {
+    load_tile<T, VEC>(ft, p.src + (src * p.H + h) * F, xl);
+    load_tile<T, VEC>(ft, p.att + h * F, at);
   }
-  for (int64_t base = begin; base < end; base += g.G) {
-    const int64_t t = base + g.lg;
-    const bool valid = t < end;
-    const int64_t cp = valid ? (int64_t)p.t_perm[t] : 0;   // CSR position
-    const int64_t i = valid ? (int64_t)p.t_col[t] : 0;     // destination
-    const float gv = valid ? p.ds[cp * p.H + h] : 0.f;
-    const float pv = valid ? p.pd[cp * p.H + h] : 0.f;
-    const int64_t eo = (KIND == GATV2 && p.edge && valid) ? (p.perm ? (int64_t)p.perm[cp] : cp) : 0;
-    gacc += gv;
-    const int cnt = (int)imin(g.G, end - base);
-#pragma unroll 2
-    for (int tt = 0; tt < cnt; ++tt) {
-      const int64_t it = g.bcast(i, tt);
-      const float gt = g.bcast(gv, tt), pt = g.bcast(pv, tt);
-      const int64_t et = (KIND == GATV2 && p.edge) ? g.bcast(eo, tt) : 0;
+  for (int64_t base = it.begin; base < it.end; base += kColBatch<KIND>) {
+    const int n = (int)imin(kColBatch<KIND>, it.end - base);
+    I i[kColBatch<KIND>], cp[kColBatch<KIND>];
+    float gt[kColBatch<KIND>], pt[kColBatch<KIND>];
 #pragma unroll
-      for (int c = 0; c < kMaxChunks; ++c) {
-        const int64_t f = feat_at(g, f0, p.tile, F, c, VEC);
-        if (f < 0) continue;
-        float o[VEC];
-        load_vec<T, VEC>(p.dout + (it * p.H + h) * F + f, o);
+    for (int t = 0; t < kColBatch<KIND>; ++t) {
+      const bool ok = t < n;
+      cp[t] = ok ? p.t_perm[base + t] : I(0);  // CSR position
+      i[t] = ok ? p.t_col[base + t] : I(0);    // destination
+    }
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) dv[c][k] += pt * o[k];
-        if constexpr (KIND == DOT) {
-          float q[VEC];
-          load_vec<T, VEC>(p.dst + (it * p.H + h) * F + f, q);
+    for (int t = 0; t < kColBatch<KIND>; ++t) {
+      const bool ok = t < n;
+      gt[t] = ok ? p.ds[cp[t] * p.H + h] : 0.f;
+      pt[t] = ok ? p.pd[cp[t] * p.H + h] : 0.f;
+    }
+    float o[kColBatch<KIND>][kChunks<VEC>][VEC], x[KIND == GAT ? 1 : kColBatch<KIND>][kChunks<VEC>][VEC];
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) dk[c][k] += gt * q[k];
-        } else if constexpr (KIND == GATV2) {
-          float xr[VEC], ev[VEC];
-          load_vec<T, VEC>(p.dst + (it * p.H + h) * F + f, xr);
-          if (p.edge) load_vec<T, VEC>(p.edge + (et * p.H + h) * F + f, ev);
-          else {
+    for (int t = 0; t < kColBatch<KIND>; ++t) {
+      const bool ok = t < n;
+      const int64_t off = ((int64_t)i[t] * p.H + h) * F;
+      if (ok) load_tile<T, VEC>(ft, p.dout + off, o[t]);
+      if constexpr (KIND != GAT) {
+        if (ok) load_tile<T, VEC>(ft, p.dst + off, x[t]);
+      }
+      if (!ok) {
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) ev[k] = 0.f;
+        for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            o[t][c][k] = 0.f;
+            if constexpr (KIND != GAT) x[t][c][k] = 0.f;
           }
+      }
+    }
 #pragma unroll
-          for (int k = 0; k < VEC; ++k)
-            dk[c][k] += gt * at[c][k] * dleaky(xl[c][k] + xr[k] + ev[k], p.slope);
+    for (int t = 0; t < kColBatch<KIND>; ++t) {
+      gacc += gt[t];
+      if constexpr (KIND == GATV2) {
+        if (p.edge && t < n) {
+          const int64_t eo = p.perm ? (int64_t)p.perm[cp[t]] : (int64_t)cp[t];
+          add_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * F, x[t]);
         }
       }
+#pragma unroll
+      for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          dv[c][k] += pt[t] * o[t][c][k];
+          if constexpr (KIND == DOT) dk[c][k] += gt[t] * x[t][c][k];
+          if constexpr (KIND == GATV2)
+            dk[c][k] += gt[t] * at[c][k] * dleaky(xl[c][k] + x[t][c][k], p.slope);
+        }
     }
   }
   // outputs: part1 <- the value-side gradient, part2 <- the source-side one
   if constexpr (KIND == GAT) {
-    const float tot = g.sum(gacc);
     if (g.lg == 0 && blockIdx.y == 0) {
-      if (slot < 0) p.d_src[src * p.H + h] = from_f<T>(tot);
-      else p.part2[slot * p.H + h] = tot;
+      if (slot < 0) p.d_src[src * p.H + h] = from_f<T>(gacc);
+      else p.part2[slot * p.H + h] = gacc;
     }
   }
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    const int64_t f = feat_at(g, f0, p.tile, F, c, VEC);
+  for (int c = 0; c < kChunks<VEC>; ++c) {
+    const int64_t f = ft.f[c];
     if (f < 0) continue;
     if constexpr (KIND == GATV2) {
 #pragma unroll

@@ -36,8 +36,13 @@ from .graph import CSRGraph
 
 #: measured default (docs/BENCHMARKS.md, "schedule thresholds")
 SPLIT_FACTOR = 2
-#: feature vectors per lane (cuda/attention_kernels.cuh: kMaxChunks)
+#: feature vectors per lane (cuda/attention_kernels.cuh: chunks_for): two
+#: for scalars and float4, one for 8-element (fp16/bf16) vectors
 CHUNKS = 2
+
+
+def chunks_for(vec: int) -> int:
+    return 1 if vec >= 8 else CHUNKS
 MIN_SPLIT = 256
 MAX_SPLIT = 8192
 
@@ -97,7 +102,7 @@ def _lanes_in_flight(device: torch.device) -> int:
 def auto_group(feat: int, dtype: torch.dtype) -> int:
     vec = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
     vec = vec if feat % vec == 0 else 1
-    need = -(-feat // (vec * CHUNKS))
+    need = -(-feat // (vec * chunks_for(vec)))
     g = 4
     while g < 32 and g < need:
         g *= 2

@@ -60,6 +60,7 @@ def test_override_validates():
 def test_auto_group_and_split():
     assert schedule.auto_group(64, torch.float32) == 8
     assert schedule.auto_group(3, torch.float32) == 4
-    assert schedule.auto_group(256, torch.bfloat16) == 16
+    assert schedule.auto_group(256, torch.bfloat16) == 32
+    assert schedule.auto_group(64, torch.bfloat16) == 8
     s = schedule.auto_split(1_400_000, 4, 8, torch.device("cpu"))
     assert schedule.MIN_SPLIT <= s <= schedule.MAX_SPLIT and s & (s - 1) == 0

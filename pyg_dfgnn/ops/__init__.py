@@ -68,7 +68,7 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
     heads = src_feat.size(1)
     feat = (value if value is not None else src_feat)
     plan = plan_for(graph, kind, feat.size(-1) if feat.dim() == 3 else 1, heads, dt)
-    out, _lse, alpha = fused.attention_fwd(
+    out, _lse, alpha = fused.attention(
         kind, graph.rowptr, graph.col, graph.perm, graph.t_rowptr, graph.t_col,
         graph.t_perm, dst_feat.contiguous(), src_feat.contiguous(),
         value.contiguous() if value is not None else None,

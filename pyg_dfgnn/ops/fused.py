@@ -136,15 +136,15 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, alpha)
 
 
-def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
+def _backward_with(bwd, ctx, grad_out):
     (rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value, edge, att, seed,
      out, lse, work, merge, t_work, t_merge) = ctx.saved_tensors
     need = ctx.needs_input_grad
     if not any(need):
         return (None,) * 22
-    grads = attention_bwd(ctx.kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
-                          src_feat, value, edge, att, ctx.scale, ctx.slope, ctx.p, seed, out,
-                          lse, grad_out, ctx.sched, work, merge, t_work, t_merge)
+    grads = bwd(ctx.kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
+                value, edge, att, ctx.scale, ctx.slope, ctx.p, seed, out, lse, grad_out,
+                ctx.sched, work, merge, t_work, t_merge)
     d_dst, d_src, d_value, d_edge, d_att = grads
 
     def opt(t, x):
@@ -153,4 +153,39 @@ def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
                           opt(d_att, att)) + (None,) * 10
 
 
+def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
+    return _backward_with(attention_bwd, ctx, grad_out)
+
+
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The same forward/backward pair as ``dfgnn::attention_fwd`` for eager CUDA
+    calls, without the custom-op dispatch layers: those cost ~0.35 ms of host
+    time per forward+backward (measured on the device machine with
+    ``scripts/profile_op.py --host``), as much as the kernels themselves on a
+    PATTERN batch.  Arguments and outputs are those of ``attention_fwd``.
+    Under ``torch.compile`` (and on other devices) the custom op is used.
+    """
+
+    @staticmethod
+    def forward(ctx, *args):
+        output = _attention_fwd_cuda(*args)
+        _setup_context(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse, _grad_alpha):
+        return _backward_with(_attention_bwd_cuda, ctx, grad_out)
+
+
+def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
+    """``attention_fwd(*args)`` with autograd, by the cheapest correct route:
+    the :class:`EagerAttention` function for eager CUDA calls, the custom op
+    while compiling or tracing and on other devices."""
+    src_feat = args[8]
+    if (src_feat.is_cuda and src_feat.dtype != torch.float64
+            and not torch.compiler.is_compiling()):
+        return EagerAttention.apply(*args)
+    return attention_fwd(*args)
