@@ -16,7 +16,7 @@ from pyg_dfgnn.graph import get_graph  # noqa: E402
 torch.manual_seed(0)
 for name, kind in KINDS.items():
     for dtype in (torch.float32, torch.bfloat16):
-        for feat in (3, 64):
+        for feat in (3, 64, 300):
             ei = random_graph(60, 50, 300, super_node=(400, 2))
             ei = torch.cat([ei, torch.stack([torch.full((300,), 4), torch.randint(0, 50, (300,))])], 1)
             g = get_graph(ei.cuda(), (60, 50))

@@ -1,6 +1,8 @@
 """Kernel timings per graph shape and schedule: fused (automatic schedule),
 fused with forced schedules (lane group, split length, 0 = fixed node-parallel
-mapping), and native gather + PyG softmax + scatter on the same inputs.
+mapping), and native gather + PyG softmax + scatter on the same inputs.  The
+fused variants are timed round-robin (one call of each per round, median of
+15 rounds) so drift during the run favours none of them.
 
 This is the script that measured the schedule thresholds in
 pyg_dfgnn/schedule.py (docs/BENCHMARKS.md).  GPU only:
@@ -35,6 +37,26 @@ def timed(fn, warmup=3, reps=15):
         b.synchronize()
         ts.append(a.elapsed_time(b))
     return statistics.median(ts)
+
+
+def timed_interleaved(fns, warmup=3, reps=15):
+    """Median ms of each callable in ``fns`` (name -> fn), timed round-robin
+    (one call of each per round) so clock or allocator drift during the run
+    cannot favour whichever variant happens to run first."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    ts = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts[k].append(a.elapsed_time(b))
+    return {k: statistics.median(v) for k, v in ts.items()}
 
 
 def peak(fn):
@@ -124,14 +146,22 @@ def main(argv=None):
                 out = f()
                 torch.autograd.grad(out, leaves, gout)
             res = {"graph": gname, "kind": kname, "E": ei.size(1), "max_in": g.max_in_degree}
+            def under(grp, split, fn):
+                def call():
+                    with schedule.override(group=grp, split=split):
+                        return fn()
+                return call
+            fwd_fns, fb_fns = {}, {}
             for vname, grp, split in variants:
-                with schedule.override(group=grp, split=split):
-                    f = lambda: fused_call(kind, g, d)  # noqa: E731
-                    res[f"fwd_{vname}"] = timed(lambda: f())
-                    res[f"fb_{vname}"] = timed(lambda: fb(f))
-                    if vname == "auto":
-                        res["mem_fused"] = peak(lambda: fb(f))
-                        res["plan"] = schedule.explain_schedule(g, kind, F, H).split("\n")[1]
+                f = under(grp, split, lambda: fused_call(kind, g, d))
+                fwd_fns[vname] = f
+                fb_fns[vname] = (lambda f=f: fb(f))
+            for vname, t in timed_interleaved(fwd_fns).items():
+                res[f"fwd_{vname}"] = t
+            for vname, t in timed_interleaved(fb_fns).items():
+                res[f"fb_{vname}"] = t
+            res["mem_fused"] = peak(fb_fns["auto"])
+            res["plan"] = schedule.explain_schedule(g, kind, F, H).split("\n")[1]
             try:
                 nf = lambda: naive_call(kind, ei, n, d)  # noqa: E731
                 res["fwd_pyg"] = timed(nf, 2, 5)

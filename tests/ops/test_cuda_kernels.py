@@ -97,6 +97,18 @@ def test_forced_schedules_agree(kind, group, split):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("feat,dtype,group", [(130, torch.float32, None),
+                                              (300, torch.float32, None),
+                                              (64, torch.float32, 4),
+                                              (520, torch.bfloat16, None)])
+def test_wide_features(kind, feat, dtype, group):
+    """F wider than one register tile (several launch columns): scores, dP and
+    Delta add the features outside the lane's tile from memory."""
+    ei = random_graph(120, 110, 1200, super_node=(300, 3))
+    check(kind, ei, 120, 110, 2, feat, dtype, edge=True, seed=feat, group=group, split=64)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_super_node_100k(kind):
     ei = random_graph(20000, 20000, 50000, super_node=(120000, 3))
     errs = check(kind, ei, 20000, 20000, 2, 32, torch.float32)
