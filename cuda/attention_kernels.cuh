@@ -4,12 +4,18 @@
 // Thread mapping (level 2 of the schedule): a *group* of G lanes (G in
 // {4, 8, 16, 32}, a runtime value) owns one (work item, head).  A work item is
 // a destination row or a segment of a super row.  Lanes split the features
-// (VEC elements each, 16-byte loads when aligned, MAXC chunks per tile) and
-// share the edges: edges are consumed in chunks of G, lane t computing the
-// score of the chunk's t-th edge once (exp computed once per edge), followed
-// by an online-softmax update (running max m and sum l in registers) and a
-// broadcast-gather of the value rows.  Nothing per edge is written in the
-// forward pass except the optional attention weights.
+// (VEC elements each, 16-byte loads when aligned, kChunks<VEC> vectors per
+// tile held in registers).  Edges are walked in one of two ways:
+//  * group-per-edge batches (vector scores: dot, GATv2; every backward row
+//    pass): all lanes take the same kBatch edges, gather their slices of the
+//    batch's key/value rows at once, and butterfly-reduce each score, so every
+//    lane holds every score of the batch;
+//  * lane-per-edge chunks (GAT's scalar score, forward): lane t loads edge t
+//    of a chunk of G and computes its score and exp once; the value rows are
+//    then broadcast-gathered.
+// Either way an online softmax (running max m and sum l in registers) folds
+// the edges in; nothing per edge is written in the forward pass except the
+// optional attention weights.
 //
 // Backward (FlashAttention-2 style) recomputes alpha from the saved
 // logsumexp: a row pass writes dS (and the post-dropout alpha) per edge as
