@@ -231,6 +231,14 @@ __device__ __forceinline__ void store_tile(const Feat<VEC>& ft, T* __restrict__ 
     if (ft.f[c] >= 0) store_vec<T, VEC>(row + ft.f[c], x[c]);
 }
 
+template <int VEC>
+__device__ __forceinline__ void zero_tile(float (&x)[kChunks<VEC>][VEC]) {
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) x[c][k] = 0.f;
+}
+
 // Lane partial of a pair term over one (row, source, head):
 //   LEAKY = false: <x, y (+ e)>               (dot scores, dP, Delta)
 //   LEAKY = true:  <w, LeakyReLU(x + y (+ e))> (GATv2 scores)
@@ -289,6 +297,15 @@ template <int KIND> constexpr int kBatch = 4;
 // The column pass gathers two rows per edge except for GAT (dO only).
 template <int KIND> constexpr int kColBatch = KIND == GAT ? 8 : 4;
 
+// The edge term's tile of original edge eo (zeros without edge features or
+// past the batch's end).
+template <typename T, typename I, int VEC>
+__device__ __forceinline__ void edge_tile(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
+                                          int64_t eo, bool ok, float (&x)[kChunks<VEC>][VEC]) {
+  if (p.edge && ok) load_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, x);
+  else zero_tile<VEC>(x);
+}
+
 // Per (row, head) operands held in registers for the whole row.
 template <int KIND, int VEC>
 struct RowOps {
@@ -318,6 +335,7 @@ struct Batch {
   float v[kBatch<KIND>][kChunks<VEC>][VEC];                       // value rows (+ e_ij for dot)
   float k[KIND == DOT ? kBatch<KIND> : 1][kChunks<VEC>][VEC];     // key rows (+ e_ij), dot only
   float s[kBatch<KIND>], z[kBatch<KIND>];                             // scores (GAT: and z)
+  float dP[kBatch<KIND>];                                             // backward: <dO_i, v_j>
 };
 
 // VALUES = false skips the value rows where the score does not need them
@@ -336,28 +354,17 @@ __device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC
   }
 #pragma unroll
   for (int t = 0; t < kBatch<KIND>; ++t) {
+    const bool ok = t < b.n;
     const int64_t off = ((int64_t)b.j[t] * p.H + h) * p.F;
-    if (t < b.n && (VALUES || KIND == GATV2)) {
-      load_tile<T, VEC>(ft, p.val + off, b.v[t]);
-      if constexpr (KIND == DOT) load_tile<T, VEC>(ft, p.src + off, b.k[t]);
-    } else if (t < b.n && KIND == DOT) {
-      load_tile<T, VEC>(ft, p.src + off, b.k[t]);
-#pragma unroll
-      for (int c = 0; c < kChunks<VEC>; ++c)
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) b.v[t][c][q] = 0.f;
-    } else {
-#pragma unroll
-      for (int c = 0; c < kChunks<VEC>; ++c)
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) {
-          b.v[t][c][q] = 0.f;
-          if constexpr (KIND == DOT) b.k[t][c][q] = 0.f;
-        }
+    if (ok && (VALUES || KIND == GATV2)) load_tile<T, VEC>(ft, p.val + off, b.v[t]);
+    else zero_tile<VEC>(b.v[t]);
+    if constexpr (KIND == DOT) {
+      if (ok) load_tile<T, VEC>(ft, p.src + off, b.k[t]);
+      else zero_tile<VEC>(b.k[t]);
     }
   }
   if constexpr (KIND == DOT) {
-    if (p.edge) {
+    if (p.edge) {  // e_ij is added to the key and to the value
 #pragma unroll
       for (int t = 0; t < kBatch<KIND>; ++t) {
         if (t >= b.n) continue;
@@ -395,13 +402,7 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
       part[t] = tile_dot<VEC>(r.xi, b.k[t]);
     } else {  // GATV2: the score operand is x_src_j (+ x_edge), the value x_src_j
       float ev[kChunks<VEC>][VEC];
-      if (p.edge && t < b.n) load_tile<T, VEC>(ft, p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F, ev);
-      else {
-#pragma unroll
-        for (int c = 0; c < kChunks<VEC>; ++c)
-#pragma unroll
-          for (int q = 0; q < VEC; ++q) ev[c][q] = 0.f;
-      }
+      edge_tile<T, I, VEC>(p, ft, h, b.eo[t], t < b.n, ev);
 #pragma unroll
       for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
@@ -446,6 +447,18 @@ __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, 
   for (int t = 0; t < kBatch<KIND>; ++t) dP[t] = g.sum(dP[t]);
 }
 
+// One batch of the backward row pass: indices, rows, scores and dP.
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ void bwd_batch(const Params<T, I>& p, const Group& g,
+                                          const Feat<VEC>& ft, const Item& it,
+                                          const RowOps<KIND, VEC>& r,
+                                          const float (&dO)[kChunks<VEC>][VEC], const T* dO_row,
+                                          int64_t base, Batch<KIND, I, VEC>& b) {
+  load_batch<KIND, T, I, VEC>(p, ft, it.h, base, it.end, p.edge != nullptr, b);
+  batch_scores<KIND, T, I, VEC>(p, g, ft, it.row, it.h, r, b);
+  batch_dP<KIND, T, I, VEC>(p, g, ft, it.h, dO, dO_row, b, b.dP);
+}
+
 // Result of one (item, head): the normalised row (and its lse) or, for a
 // segment of a split row, the partial (m, l, acc).
 template <typename T, typename I, int VEC>
@@ -483,12 +496,7 @@ template <int VEC>
 struct Softmax {
   float m = -INFINITY, l = 0.f;
   float acc[kChunks<VEC>][VEC];
-  __device__ __forceinline__ Softmax() {
-#pragma unroll
-    for (int c = 0; c < kChunks<VEC>; ++c)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[c][k] = 0.f;
-  }
+  __device__ __forceinline__ Softmax() { zero_tile<VEC>(acc); }
   // New running max nm: rescale what was accumulated so far.
   __device__ __forceinline__ void rescale(float nm) {
     const float corr = __expf(m - nm);
@@ -651,7 +659,6 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
   float dO[kChunks<VEC>][VEC];
   load_tile<T, VEC>(ft, dO_row, dO);
   const float lse = p.lse_in[row * p.H + h];
-  const bool need_eo = p.edge != nullptr;
 
   float delta;
   if (sizeof(T) < 4 && slot < 0) {
@@ -662,14 +669,12 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
     delta = 0.f;
     for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
       Batch<KIND, I, VEC> b;
-      load_batch<KIND, T, I, VEC>(p, ft, h, base, it.end, need_eo, b);
-      batch_scores<KIND, T, I, VEC>(p, g, ft, row, h, r, b);
-      float dP[kBatch<KIND>];
-      batch_dP<KIND, T, I, VEC>(p, g, ft, h, dO, dO_row, b, dP);
+      bwd_batch<KIND, T, I, VEC>(p, g, ft, it, r, dO, dO_row, base, b);
 #pragma unroll
       for (int t = 0; t < kBatch<KIND>; ++t)
         if (t < b.n)
-          delta += __expf(b.s[t] - lse) * keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h) * dP[t];
+          delta += __expf(b.s[t] - lse) * keep_factor(p.drop_p, p.seed, b.base + t, p.H, h) *
+                   b.dP[t];
     }
   } else {
     float o[kChunks<VEC>][VEC];
@@ -690,16 +695,13 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
 
   for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
     Batch<KIND, I, VEC> b;
-    load_batch<KIND, T, I, VEC>(p, ft, h, base, it.end, need_eo, b);
-    batch_scores<KIND, T, I, VEC>(p, g, ft, row, h, r, b);
-    float dP[kBatch<KIND>];
-    batch_dP<KIND, T, I, VEC>(p, g, ft, h, dO, dO_row, b, dP);
+    bwd_batch<KIND, T, I, VEC>(p, g, ft, it, r, dO, dO_row, base, b);
 #pragma unroll
     for (int t = 0; t < kBatch<KIND>; ++t) {
       const bool ok = t < b.n;
       const float alpha = ok ? __expf(b.s[t] - lse) : 0.f;
       const float kf = ok ? keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h) : 0.f;
-      const float dS = alpha * (dP[t] * kf - delta);
+      const float dS = alpha * (b.dP[t] * kf - delta);
       float gv;
       if constexpr (KIND == GAT) gv = dS * dleaky(b.z[t], p.slope);
       else if constexpr (KIND == DOT) gv = dS * p.scale;
@@ -727,13 +729,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
         }
       } else {  // GATV2
         float ev[kChunks<VEC>][VEC], dv[kChunks<VEC>][VEC];
-        if (p.edge && ok) load_tile<T, VEC>(ft, p.edge + ((int64_t)b.eo[t] * p.H + h) * F, ev);
-        else {
-#pragma unroll
-          for (int c = 0; c < kChunks<VEC>; ++c)
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) ev[c][k] = 0.f;
-        }
+        edge_tile<T, I, VEC>(p, ft, h, b.eo[t], ok, ev);
 #pragma unroll
         for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
@@ -815,17 +811,10 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_col_kernel(const Params<T, I>
       const bool ok = t < n;
       const int64_t off = ((int64_t)i[t] * p.H + h) * F;
       if (ok) load_tile<T, VEC>(ft, p.dout + off, o[t]);
+      else zero_tile<VEC>(o[t]);
       if constexpr (KIND != GAT) {
         if (ok) load_tile<T, VEC>(ft, p.dst + off, x[t]);
-      }
-      if (!ok) {
-#pragma unroll
-        for (int c = 0; c < kChunks<VEC>; ++c)
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            o[t][c][k] = 0.f;
-            if constexpr (KIND != GAT) x[t][c][k] = 0.f;
-          }
+        else zero_tile<VEC>(x[t]);
       }
     }
 #pragma unroll
