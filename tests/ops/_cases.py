@@ -57,5 +57,13 @@ def call(kind, graph, inp, dropout=0.0, return_alpha=False, scale=None):
                              dropout, return_alpha)
 
 
+def op_args(kind, graph, inp, dropout=0.0, seed=None, need_alpha=False, scale=0.5):
+    """Positional arguments of ``dfgnn::attention_fwd`` (automatic schedule)."""
+    g = graph
+    return (kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, inp["dst"],
+            inp["src"], inp["val"], inp["edge"], inp["att"], scale, 0.2, dropout, seed,
+            need_alpha, [0, 0, 0], None, None, None, None)
+
+
 def leaves(inp):
     return [v for v in inp.values() if v is not None]

@@ -10,7 +10,7 @@ import torch
 from pyg_dfgnn import schedule
 from pyg_dfgnn.graph import get_graph
 from pyg_dfgnn.ops import reference as R
-from _cases import KINDS, call, leaves, make_inputs, random_graph
+from _cases import KINDS, call, leaves, make_inputs, op_args, random_graph
 
 pytestmark = pytest.mark.cuda
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 5e-3}
@@ -157,9 +157,7 @@ def test_opcheck(kind):
     inp = make_inputs(k, 40, 40, ei.size(1), 2, 8, torch.float32, "cuda", True)
     for v in leaves(inp):
         v.requires_grad_(True)
-    args = (k, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, inp["dst"], inp["src"],
-            inp["val"], inp["edge"], inp["att"], 0.5, 0.2, 0.0, None, True, [0, 0, 0], None,
-            None, None, None)
+    args = op_args(k, g, inp, need_alpha=True)
     torch.library.opcheck(fused.attention_fwd, args)
 
 
@@ -175,9 +173,7 @@ def test_eager_route_equals_custom_op(kind):
     for v in leaves(inp):
         v.requires_grad_(True)
     seed = torch.tensor([1234])
-    args = (k, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, inp["dst"], inp["src"],
-            inp["val"], inp["edge"], inp["att"], 0.5, 0.2, 0.25, seed, True, [0, 0, 0], None,
-            None, None, None)
+    args = op_args(k, g, inp, dropout=0.25, seed=seed, need_alpha=True)
     results = []
     for fn in (fused.attention, fused.attention_fwd):
         out, lse, alpha = fn(*args)
