@@ -427,12 +427,11 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
   }
 }
 
-// dP of the batch: <dO_i, v_j (+ e_ij for dot)> over all features.
+// dP of the batch (b.dP): <dO_i, v_j (+ e_ij for dot)> over all features.
 template <int KIND, typename T, typename I, int VEC>
 __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, const Feat<VEC>& ft,
                                          int64_t h, const float (&dO)[kChunks<VEC>][VEC],
-                                         const T* dO_row, const Batch<KIND, I, VEC>& b,
-                                         float (&dP)[kBatch<KIND>]) {
+                                         const T* dO_row, Batch<KIND, I, VEC>& b) {
 #pragma unroll
   for (int t = 0; t < kBatch<KIND>; ++t) {
     float part = tile_dot<VEC>(dO, b.v[t]);
@@ -441,10 +440,10 @@ __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, 
       part += pair_part<false, T, VEC>(g, dO_row, p.val + ((int64_t)b.j[t] * p.H + h) * p.F, e, nullptr,
                                        p.F, ft.f0, ft.hi, 0.f);
     }
-    dP[t] = part;
+    b.dP[t] = part;
   }
 #pragma unroll
-  for (int t = 0; t < kBatch<KIND>; ++t) dP[t] = g.sum(dP[t]);
+  for (int t = 0; t < kBatch<KIND>; ++t) b.dP[t] = g.sum(b.dP[t]);
 }
 
 // One batch of the backward row pass: indices, rows, scores and dP.
@@ -456,7 +455,7 @@ __device__ __forceinline__ void bwd_batch(const Params<T, I>& p, const Group& g,
                                           int64_t base, Batch<KIND, I, VEC>& b) {
   load_batch<KIND, T, I, VEC>(p, ft, it.h, base, it.end, p.edge != nullptr, b);
   batch_scores<KIND, T, I, VEC>(p, g, ft, it.row, it.h, r, b);
-  batch_dP<KIND, T, I, VEC>(p, g, ft, it.h, dO, dO_row, b, b.dP);
+  batch_dP<KIND, T, I, VEC>(p, g, ft, it.h, dO, dO_row, b);
 }
 
 // Result of one (item, head): the normalised row (and its lse) or, for a
