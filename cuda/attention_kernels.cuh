@@ -17,8 +17,13 @@
 // the edges in; nothing per edge is written in the forward pass except the
 // optional attention weights.
 //
-// Backward (FlashAttention-2 style) recomputes alpha from the saved
-// logsumexp: a row pass writes dS (and the post-dropout alpha) per edge as
+// The forward saves the softmax statistics of every (row, head) as two planes,
+// lse[0] = the row max m and lse[1] = log(l) with l = sum_j exp(s_ij - m), so
+// that alpha = exp((s - m) - log l): the error of the exponent does not grow
+// with |m| (a single fp32 m + log l loses log l's digits for large logits).
+//
+// Backward (FlashAttention-2 style) recomputes alpha from these statistics:
+// a row pass writes dS (and the post-dropout alpha) per edge as
 // fp32 [E, H] and accumulates destination-side gradients; a column pass over
 // the transposed CSR accumulates source-side gradients without atomics.
 #pragma once
@@ -137,10 +142,10 @@ struct Params {
   float scale, slope, drop_p;
   uint64_t seed;
   // forward outputs
-  T* out; float* lse; T* alpha;
+  T* out; float* lse; float* lse_l; T* alpha;  // lse: row max m, lse_l: log(sum)
   float *part_acc, *part_m, *part_l;  // split-row partials [S, H, F] / [S, H]
   // backward
-  const T* dout; const T* o; const float* lse_in;
+  const T* dout; const T* o; const float* lse_in; const float* lse_l_in;
   float* ds; float* pd;                // per edge [E, H] (CSR order)
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
   float *part1, *part2;                // partial sums of split items
@@ -472,8 +477,11 @@ __device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g,
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[c][k] *= inv;
     store_tile<T, VEC>(ft, p.out + (row * p.H + h) * p.F, acc);
-    if (blockIdx.y == 0 && g.lg == 0)
-      p.lse[row * p.H + h] = it.end > it.begin ? m + __logf(l + 1e-16f) : -INFINITY;
+    if (blockIdx.y == 0 && g.lg == 0) {
+      const bool any = it.end > it.begin;
+      p.lse[row * p.H + h] = any ? m : -INFINITY;
+      p.lse_l[row * p.H + h] = any ? logf(l) : 0.f;
+    }
   } else {
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c) {
@@ -594,7 +602,7 @@ __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int
                                                              int64_t F, const float* part_acc,
                                                              const float* part_m,
                                                              const float* part_l, T* out,
-                                                             float* lse) {
+                                                             float* lse, float* lse_l) {
   const int64_t rh = blockIdx.x;  // one block per (merged row, head)
   if (rh >= R * H) return;
   const int64_t r = rh / H, h = rh % H;
@@ -610,7 +618,10 @@ __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int
       a += part_acc[(s * H + h) * F + f] * __expf(part_m[s * H + h] - M);
     out[(row * H + h) * F + f] = from_f<T>(a * inv);
   }
-  if (threadIdx.x == 0) lse[row * H + h] = M + __logf(L + 1e-16f);
+  if (threadIdx.x == 0) {
+    lse[row * H + h] = M;
+    lse_l[row * H + h] = logf(L);
+  }
 }
 
 
@@ -624,7 +635,7 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
   const Feat<VEC> ft(g, 0, p.tile, p.F);
   RowOps<KIND, VEC> r;
   load_row_ops<KIND, T, I, VEC>(p, ft, row, h, r);
-  const float lse = p.lse[row * p.H + h];
+  const float m = p.lse[row * p.H + h], logl = p.lse_l[row * p.H + h];
   for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
     Batch<KIND, I, VEC> b;
     load_batch<KIND, T, I, VEC, false>(p, ft, h, base, it.end, true, b);
@@ -633,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
     for (int t = 0; t < kBatch<KIND>; ++t)
       if (t < b.n && g.lg == (t & (g.G - 1)))
         p.alpha[b.eo[t] * p.H + h] =
-            from_f<T>(__expf(b.s[t] - lse) * keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h));
+            from_f<T>(__expf((b.s[t] - m) - logl) * keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h));
   }
 }
 
@@ -657,25 +668,15 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
   const T* dO_row = p.dout + (row * p.H + h) * F;
   float dO[kChunks<VEC>][VEC];
   load_tile<T, VEC>(ft, dO_row, dO);
-  const float lse = p.lse_in[row * p.H + h];
+  const float m = p.lse_in[row * p.H + h], logl = p.lse_l_in[row * p.H + h];
 
+  // Delta_i = <dO_i, O_i> from the stored output, as FlashAttention-2 does in
+  // every precision (fp16/bf16 O is rounded when stored; the resulting error
+  // of dS is of the order of the half-precision rounding of dO and O
+  // themselves).  An exact fp32 recomputation (sum_j alpha_ij dP_ij) cost a
+  // second sweep over the row's edges and made bf16 backward slower than fp32.
   float delta;
-  if (sizeof(T) < 4 && slot < 0) {
-    // fp16/bf16: O was rounded when stored, and <dO, O> then biases every dS of
-    // the row.  Recompute Delta = sum_j alpha~_ij dP_ij in fp32 instead (one
-    // extra pass; split rows keep the stored-O form).  Every lane holds the
-    // same scores and dP, so the sum needs no reduction.
-    delta = 0.f;
-    for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
-      Batch<KIND, I, VEC> b;
-      bwd_batch<KIND, T, I, VEC>(p, g, ft, it, r, dO, dO_row, base, b);
-#pragma unroll
-      for (int t = 0; t < kBatch<KIND>; ++t)
-        if (t < b.n)
-          delta += __expf(b.s[t] - lse) * keep_factor(p.drop_p, p.seed, b.base + t, p.H, h) *
-                   b.dP[t];
-    }
-  } else {
+  {
     float o[kChunks<VEC>][VEC];
     const T* o_row = p.o + (row * p.H + h) * F;
     load_tile<T, VEC>(ft, o_row, o);
@@ -698,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
 #pragma unroll
     for (int t = 0; t < kBatch<KIND>; ++t) {
       const bool ok = t < b.n;
-      const float alpha = ok ? __expf(b.s[t] - lse) : 0.f;
+      const float alpha = ok ? __expf((b.s[t] - m) - logl) : 0.f;
       const float kf = ok ? keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h) : 0.f;
       const float dS = alpha * (b.dP[t] * kf - delta);
       float gv;

@@ -30,14 +30,16 @@ inline bool aligned16(const at::Tensor& t) {
 }
 
 // Lanes per (item, head): enough lanes to cover the features with kMaxChunks
-// vectors each (at least 4, at most a warp), unless the schedule forces a
-// value.  Measured on an H200 (docs/BENCHMARKS.md): for F = 64 fp32, 8 lanes
-// x 2 float4 beat 16 x 1 by 10-30% and 32 x 1/2 by 2x.
+// vectors each (at most a warp), unless the schedule forces a value.  Measured
+// on an H200 (docs/BENCHMARKS.md): for F = 64 fp32, 8 lanes x 2 float4 beat
+// 16 x 1 by 10-30% and 32 x 1/2 by 2x.  Narrow heads (F <= 16 fp32) take 1 or 2
+// lanes, so that the groups of one warp cover several heads of a row (or
+// several rows) instead of leaving lanes idle.
 inline int choose_group(int forced, int64_t F, int vec) {
   if (forced > 0) return forced;
   const int64_t per_lane = (int64_t)vec * chunks_for(vec);
   int64_t need = (F + per_lane - 1) / per_lane;
-  int g = 4;
+  int g = 1;
   while (g < 32 && g < need) g *= 2;
   return g;
 }
@@ -85,7 +87,8 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   p.G = choose_group(sc.group, p.F, VEC);
   const Launch l = launch_shape(p.num_items, p.H, p.F, p.G, VEC);
   p.tile = l.tile;
-  p.out = mptr<T>(o.out); p.lse = mptr<float>(o.lse); p.alpha = mptr<T>(o.alpha);
+  p.out = mptr<T>(o.out); p.alpha = mptr<T>(o.alpha);
+  p.lse = mptr<float>(o.lse); p.lse_l = p.lse ? p.lse + Nd * p.H : nullptr;
   at::Tensor part_acc, part_ml;
   if (sc.slots > 0) {
     auto fo = o.out.options().dtype(at::kFloat);
@@ -102,7 +105,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
     const int64_t R = sc.merge.size(0);
     fwd_merge_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
-        sc.merge.data_ptr<I>(), R, p.H, p.F, p.part_acc, p.part_m, p.part_l, p.out, p.lse);
+        sc.merge.data_ptr<I>(), R, p.H, p.F, p.part_acc, p.part_m, p.part_l, p.out, p.lse, p.lse_l);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (fa.need_alpha && p.num_items > 0 && gr.col.numel() > 0) {
@@ -120,6 +123,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   const int64_t Nd = gr.rowptr.numel() - 1, Ns = gr.t_rowptr.numel() - 1;
   const int64_t E = gr.col.numel();
   p.dout = cptr<T>(bi.grad_out); p.o = cptr<T>(bi.out); p.lse_in = cptr<float>(bi.lse);
+  p.lse_l_in = p.lse_in ? p.lse_in + Nd * p.H : nullptr;
   auto fo = bi.out.options().dtype(at::kFloat);
   at::Tensor ds = at::empty({E, p.H}, fo), pd = at::empty({E, p.H}, fo);
   p.ds = mptr<float>(ds); p.pd = mptr<float>(pd);
@@ -189,7 +193,9 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   }
 }
 
-// dtype x index x vector-width dispatch
+// dtype x index x vector-width dispatch.  The op registration pads feature
+// rows to a multiple of a 16- or 8-byte vector and aligns them (dfgnn_ops.cpp:
+// fit_features), so there is no scalar instantiation.
 template <int KIND, template <int, typename, typename, int> class Fn, typename... Args>
 void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
   const at::Tensor& v = KIND == GATV2 ? fa.src : fa.val;
@@ -198,14 +204,18 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
   auto go = [&](auto tag) {
     using T = decltype(tag);
     constexpr int VMAX = 16 / sizeof(T);
-    const bool vec_ok = F % VMAX == 0 && aligned16(fa.dst) && aligned16(fa.src) &&
-                        aligned16(fa.val) && aligned16(fa.edge) && aligned16(fa.att);
+    const bool full = F % VMAX == 0;
+    const bool vec_tensors_ok =
+        aligned16(fa.val) && (KIND == GAT || (aligned16(fa.dst) && aligned16(fa.src) &&
+                                              aligned16(fa.edge) && aligned16(fa.att)));
+    TORCH_CHECK(F % (VMAX / 2) == 0 && vec_tensors_ok,
+                "pyg_dfgnn: internal error: feature rows not padded/aligned to a vector");
     if (i64) {
-      if (vec_ok) Fn<KIND, T, int64_t, VMAX>::run(gr, fa, args...);
-      else Fn<KIND, T, int64_t, 1>::run(gr, fa, args...);
+      if (full) Fn<KIND, T, int64_t, VMAX>::run(gr, fa, args...);
+      else Fn<KIND, T, int64_t, VMAX / 2>::run(gr, fa, args...);
     } else {
-      if (vec_ok) Fn<KIND, T, int32_t, VMAX>::run(gr, fa, args...);
-      else Fn<KIND, T, int32_t, 1>::run(gr, fa, args...);
+      if (full) Fn<KIND, T, int32_t, VMAX>::run(gr, fa, args...);
+      else Fn<KIND, T, int32_t, VMAX / 2>::run(gr, fa, args...);
     }
   };
   switch (v.scalar_type()) {

@@ -61,14 +61,64 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
   return f;
 }
 
+// ------------------------------------------------------------ feature layout
+// The kernels load features in 16-byte vectors (8-byte ones where a 16-byte
+// multiple would pad by more than a quarter), so every head of a row must
+// start on a vector boundary.  Widths that are not a multiple of the vector
+// (8 x 10, 8 x 19 fp32, ...) are zero-padded here instead of running a scalar
+// path: zero features add nothing to scores, dP or Delta, and the padded
+// output / gradient columns are sliced off.  Tensors that are not 16-byte
+// aligned (views into a larger buffer) are copied.
+int64_t padded_width(int64_t F, at::ScalarType dt) {
+  const int64_t vmax = 16 / (int64_t)c10::elementSize(dt), half = vmax / 2;
+  int64_t fp = (F + vmax - 1) / vmax * vmax;
+  if ((fp - F) * 4 > F) fp = (F + half - 1) / half * half;
+  return fp;
+}
+
+at::Tensor fit(const at::Tensor& t, int64_t fp) {
+  if (!t.defined()) return t;
+  if (t.size(-1) != fp) return at::constant_pad_nd(t, {0, fp - t.size(-1)});
+  if (t.numel() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return t.clone();
+  return t;
+}
+
+at::Tensor unfit(const at::Tensor& t, int64_t F) {
+  return (t.defined() && t.numel() && t.size(-1) != F) ? t.narrow(-1, 0, F).contiguous() : t;
+}
+
+// Width of the kernel's feature rows and the original one; pads in place.
+struct Layout {
+  int64_t F = 0, Fp = 0;
+};
+
+Layout fit_features(int64_t kind, FeatArgs& f) {
+  Layout l;
+  const auto dt = f.src.scalar_type();
+  if (kind == 0) {  // GAT: only the value rows are vectors
+    l.F = f.val.size(2);
+    l.Fp = padded_width(l.F, dt);
+    f.val = fit(f.val, l.Fp);
+  } else {
+    // one width for q/k, v, edge and att (they may differ for dot: zero
+    // columns change no score)
+    const at::Tensor& v = kind == 1 ? f.src : f.val;
+    l.F = v.size(2);
+    int64_t w = std::max<int64_t>(l.F, f.src.size(2));
+    l.Fp = padded_width(w, dt);
+    for (auto* t : {&f.dst, &f.src, &f.val, &f.edge, &f.att}) *t = fit(*t, l.Fp);
+  }
+  return l;
+}
+
 Sched sched_args(at::IntArrayRef sched, const optional<at::Tensor>& work,
                  const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
                  const optional<at::Tensor>& t_merge) {
   TORCH_CHECK(sched.size() == 3, "pyg_dfgnn: sched must be [group, slots, t_slots]");
   Sched s;
   s.group = sched[0]; s.slots = sched[1]; s.t_slots = sched[2];
-  TORCH_CHECK(s.group == 0 || s.group == 4 || s.group == 8 || s.group == 16 || s.group == 32,
-              "pyg_dfgnn: group must be 0 (auto), 4, 8, 16 or 32, got ", s.group);
+  TORCH_CHECK(s.group == 0 || s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16 || s.group == 32,
+              "pyg_dfgnn: group must be 0 (auto), 1, 2, 4, 8, 16 or 32, got ", s.group);
   s.work = opt(work); s.merge = opt(merge); s.t_work = opt(t_work); s.t_merge = opt(t_merge);
   return s;
 }
@@ -86,16 +136,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, need_alpha);
   Sched s = sched_args(sched, work, merge, t_work, t_merge);
+  const Layout lay = fit_features(kind, f);
   const at::Tensor& v = kind == 1 ? f.src : f.val;
-  const int64_t Nd = rowptr.numel() - 1, H = v.size(1), F = v.size(2);
+  const int64_t Nd = rowptr.numel() - 1, H = v.size(1);
   FwdOut o;
-  o.out = at::empty({Nd, H, F}, v.options());
-  o.lse = at::empty({Nd, H}, v.options().dtype(at::kFloat));
+  o.out = at::empty({Nd, H, lay.Fp}, v.options());
+  o.lse = at::empty({2, Nd, H}, v.options().dtype(at::kFloat));  // (row max, log sum)
   o.alpha = need_alpha ? at::empty({col.numel(), H}, v.options()) : at::empty({0}, v.options());
   if (kind == 0) fwd_gat(g, f, s, o);
   else if (kind == 1) fwd_gatv2(g, f, s, o);
   else fwd_dot(g, f, s, o);
-  return {o.out, o.lse, o.alpha};
+  return {unfit(o.out, lay.F), o.lse, o.alpha};
 }
 
 std::vector<at::Tensor> attention_bwd(
@@ -113,22 +164,32 @@ std::vector<at::Tensor> attention_bwd(
   Sched s = sched_args(sched, work, merge, t_work, t_merge);
   TORCH_CHECK(grad_out.sizes() == out.sizes() && grad_out.scalar_type() == out.scalar_type(),
               "pyg_dfgnn: grad_out must match out");
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == 2 && lse.size(1) == rowptr.numel() - 1 &&
+                  lse.scalar_type() == at::kFloat,
+              "pyg_dfgnn: lse must be float32 [2, num_dst, heads] (row max, log sum)");
+  const FeatArgs orig = f;
+  const Layout lay = fit_features(kind, f);
   check_cuda(out, "out", src.device());
   check_cuda(lse, "lse", src.device());
   check_cuda(grad_out, "grad_out", src.device());
-  BwdIn bi{out, lse, grad_out};
+  BwdIn bi{fit(out, lay.Fp), lse, fit(grad_out, lay.Fp)};
   BwdOut o;
   // absent gradients are distinct empty tensors (custom-op outputs must not alias)
   auto empty = [&] { return at::empty({0}, src.options()); };
-  o.d_dst = at::empty_like(dst);
-  o.d_src = at::empty_like(src);
+  o.d_dst = at::empty_like(f.dst);
+  o.d_src = at::empty_like(f.src);
   o.d_val = (kind != 1 && f.val.defined()) ? at::empty_like(f.val) : empty();
   o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty();
   o.d_att = f.att.defined() ? at::empty_like(f.att) : empty();
   if (kind == 0) bwd_gat(g, f, s, bi, o);
   else if (kind == 1) bwd_gatv2(g, f, s, bi, o);
   else bwd_dot(g, f, s, bi, o);
-  return {o.d_dst, o.d_src, o.d_val, o.d_edge, o.d_att};
+  // gradients in the caller's widths (the padded columns are dropped)
+  auto back = [](const at::Tensor& g, const at::Tensor& like) {
+    return like.defined() && g.numel() ? unfit(g, like.size(-1)) : g;
+  };
+  return {back(o.d_dst, orig.dst), back(o.d_src, orig.src), back(o.d_val, orig.val),
+          back(o.d_edge, orig.edge), back(o.d_att, orig.att)};
 }
 
 }  // namespace

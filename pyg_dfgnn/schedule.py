@@ -9,7 +9,7 @@ writing a partial (max, sum, accumulator) that a light second pass merges
 placed first so that the longest items start first.  Graphs without super
 rows get no work list at all (the kernel walks ``rowptr`` directly).
 
-Level 2 (row): inside an item, a *group* of ``group`` lanes (4..32) owns one
+Level 2 (row): inside an item, a *group* of ``group`` lanes (1..32) owns one
 (row, head): a small feature size packs several rows into one warp (DF-GNN's
 packed fusion for batches of small graphs: each score and exp computed once by
 one lane, kept in registers), a large one gives a whole warp to a row and
@@ -76,12 +76,12 @@ def _forced():
 def override(group: Optional[int] = None, split: Optional[int] = None):
     """Force a schedule inside the ``with`` block (for benchmarking).
 
-    ``group``: lanes per (row, head), one of 4, 8, 16, 32 (``None``: automatic).
+    ``group``: lanes per (row, head), one of 1, 2, 4, 8, 16, 32 (``None``: automatic).
     ``split``: segment length for super rows/columns; ``0`` disables
     splitting (a fixed node-parallel mapping), ``None``: automatic.
     """
-    if group not in (None, 4, 8, 16, 32):
-        raise ValueError(f"'group' must be None, 4, 8, 16 or 32, got {group}")
+    if group not in (None, 1, 2, 4, 8, 16, 32):
+        raise ValueError(f"'group' must be None, 1, 2, 4, 8, 16 or 32, got {group}")
     if split is not None and split < 0:
         raise ValueError(f"'split' must be >= 0, got {split}")
     old = _forced()
@@ -99,11 +99,26 @@ def _lanes_in_flight(device: torch.device) -> int:
     return 132 * 2048
 
 
+def padded_width(feat: int, dtype: torch.dtype) -> int:
+    """Feature width the CUDA kernels run at (cuda/dfgnn_ops.cpp: padded_width):
+    ``feat`` rounded up to a 16-byte vector, or to an 8-byte one where the
+    16-byte multiple would pad by more than a quarter."""
+    vmax = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
+    half = max(vmax // 2, 1)
+    fp = -(-feat // vmax) * vmax
+    if (fp - feat) * 4 > feat:
+        fp = -(-feat // half) * half
+    return fp
+
+
 def auto_group(feat: int, dtype: torch.dtype) -> int:
-    vec = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
-    vec = vec if feat % vec == 0 else 1
-    need = -(-feat // (vec * chunks_for(vec)))
-    g = 4
+    """Lanes per (row, head) the kernel picks (cuda/attention_launch.cuh:
+    choose_group) for the padded width."""
+    vmax = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
+    fp = padded_width(feat, dtype)
+    vec = vmax if fp % vmax == 0 else max(vmax // 2, 1)
+    need = -(-fp // (vec * chunks_for(vec)))
+    g = 1
     while g < 32 and g < need:
         g *= 2
     return g

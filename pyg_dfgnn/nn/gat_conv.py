@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
+import torch
 from torch import Tensor
 from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
@@ -10,6 +11,27 @@ from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTe
 from ..ops import gat_attention
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, resolve_adjacency)
+
+
+def _folded_logits(lin, x: Tensor, atts) -> Optional[Tensor]:
+    r"""GAT's node logits :math:`a_k = \sum_c (x W^\top)_{hc}\,\mathrm{att}_{k,hc}` for
+    every ``att`` in ``atts``, as one small GEMM with the attention vectors
+    folded into the projection weight: :math:`x\,(\sum_c \mathrm{att}_{hc}
+    W_{hc,:})^\top`, ``[N, len(atts) * H]``.  This reads ``x`` once instead of
+    materialising two ``[N, H, C]`` products of the projected features
+    (exact in exact arithmetic; autograd carries the gradients of ``W`` and
+    ``att``).  ``None`` when the projection is not a plain bias-free linear
+    map with an initialised weight (PyG's own formula is used then)."""
+    w = getattr(lin, "weight", None)
+    if (not isinstance(w, Tensor) or isinstance(w, torch.nn.parameter.UninitializedParameter)
+            or getattr(lin, "bias", None) is not None or w.dim() != 2):
+        return None
+    heads, chans = atts[0].shape[-2:]
+    wv = w.view(heads, chans, w.size(1))
+    fold = torch.cat([torch.einsum("hc,hci->hi", a.reshape(heads, chans), wv) for a in atts])
+    if x.dtype != fold.dtype and not torch.is_autocast_enabled(x.device.type):
+        return None
+    return torch.nn.functional.linear(x, fold)
 
 
 class GATConv(FusedAttentionMixin, _PyGGATConv):
@@ -61,6 +83,8 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
 
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
+        x_in_src: Optional[Tensor] = x if isinstance(x, Tensor) else x[0]
+        x_in_dst: Optional[Tensor] = x if isinstance(x, Tensor) else x[1]
 
         # Node transformations, verbatim from PyG:
         if isinstance(x, Tensor):
@@ -88,8 +112,21 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
                 if x_dst is not None:
                     x_dst = self.lin_dst(x_dst).view(-1, H, C)
 
-        alpha_src = (x_src * self.att_src).sum(dim=-1)
-        alpha_dst = None if x_dst is None else (x_dst * self.att_dst).sum(-1)
+        alpha_src = alpha_dst = None
+        lin_s = self.lin if self.lin is not None else self.lin_src
+        lin_d = self.lin if self.lin is not None else self.lin_dst
+        if isinstance(x, Tensor) and lin_s is lin_d:   # one GEMM for both logits
+            both = _folded_logits(lin_s, x, (self.att_src, self.att_dst))
+            if both is not None:
+                alpha_src, alpha_dst = both[:, :H], both[:, H:]
+        else:
+            alpha_src = _folded_logits(lin_s, x_in_src, (self.att_src,))
+            if x_dst is not None and x_in_dst is not None:
+                alpha_dst = _folded_logits(lin_d, x_in_dst, (self.att_dst,))
+        if alpha_src is None:
+            alpha_src = (x_src * self.att_src).sum(dim=-1)
+        if alpha_dst is None and x_dst is not None:
+            alpha_dst = (x_dst * self.att_dst).sum(-1)
 
         # The annotations below mirror PyG's: its Inspector caches class sources by
         # class *name*, so the templates of PyG's own propagate/edge_updater (used

@@ -13,7 +13,10 @@ from pyg_dfgnn.ops import reference as R
 from _cases import KINDS, call, leaves, make_inputs, op_args, random_graph
 
 pytestmark = pytest.mark.cuda
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 5e-3}
+# fp16/bf16: about 4 unit roundoffs (bf16 u = 2**-8).  The backward takes
+# Delta = <dO, O> from the stored half-precision O (as FlashAttention-2), so
+# dS carries O's rounding (measured on an H100: up to 3.2u for GATv2's d_dst).
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 5e-3}
 
 
 def poison():

@@ -1,0 +1,71 @@
+"""Where the time of one fused *layer* call goes (torch.profiler): GPU kernels
+by total time, their sum against the wall time of the call (host-bound when
+the wall time is much larger).  GPU only:
+
+    PYTHONPATH=. python scripts/profile_layer.py --layer gat --shape 4x64 \
+        --graph uniform_100k [--dtype bf16] [--reps 10]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_shapes as bs  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layer", default="gat")
+    ap.add_argument("--shape", default="4x64")
+    ap.add_argument("--graph", default="uniform_100k")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=12)
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    spec = next(g for g in bs.GRAPHS if g["name"] == a.graph)
+    g = bs.load_graph(spec)
+    ei = g.edge_index.to(dev)
+    heads, feat = (int(v) for v in a.shape.split("x"))
+    _, ours, x = bs.build(a.layer, heads, feat, bs.DTYPES[a.dtype], dev, g.num_nodes)
+    xs = x.detach().requires_grad_(True)
+
+    def fwd():
+        with torch.no_grad():
+            ours(x, ei)
+
+    def fb():
+        out = ours(xs, ei)
+        out.backward(torch.ones_like(out))
+
+    for name, fn in (("forward", fwd), ("forward+backward", fb)):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(a.reps):
+            fn()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / a.reps * 1e3
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.reps):
+                fn()
+            torch.cuda.synchronize()
+        evs = [e for e in prof.key_averages() if e.device_time_total > 0
+               and e.device_type.name == "CUDA"]
+        gpu = sum(e.device_time_total for e in evs) / a.reps / 1e3
+        print(f"== {a.layer} {a.shape} {a.dtype} {a.graph} {name}: wall {wall:.3f} ms/call, "
+              f"GPU kernels {gpu:.3f} ms/call")
+        for e in sorted(evs, key=lambda e: -e.device_time_total)[:a.rows]:
+            print(f"   {e.device_time_total / a.reps / 1e3:8.3f} ms  x{e.count // a.reps:<3d} "
+                  f"{e.key[:110]}")
+
+
+if __name__ == "__main__":
+    main()

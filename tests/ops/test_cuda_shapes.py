@@ -1,0 +1,65 @@
+"""The shapes people train with (issue 11): every heads x features width runs a
+vectorised kernel (odd widths are zero-padded to a vector in the op
+registration), in fp32 and bf16, forward and every gradient against the
+float64 reference; narrow heads with 1- and 2-lane groups."""
+import pytest
+import torch
+
+from pyg_dfgnn import schedule
+from pyg_dfgnn.graph import get_graph
+from _cases import KINDS, call, make_inputs, random_graph
+from test_cuda_kernels import check
+
+pytestmark = pytest.mark.cuda
+
+SHAPES = [(8, 8), (8, 10), (8, 19), (4, 16), (4, 64), (2, 128), (1, 64), (1, 256)]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("heads,feat", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_shapes_match_reference(kind, heads, feat, dtype):
+    ei = random_graph(260, 240, 2600, super_node=(900, 5))
+    check(kind, ei, 260, 240, heads, feat, dtype, edge=True, seed=heads * 1000 + feat,
+          split=256)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("feat", [10, 19, 32])
+def test_narrow_groups(kind, group, feat):
+    ei = random_graph(150, 150, 1500, super_node=(700, 5))
+    check(kind, ei, 150, 150, 3, feat, torch.float32, edge=True, group=group, split=16)
+
+
+def test_padded_width_mirrors_kernel():
+    assert schedule.padded_width(10, torch.float32) == 12
+    assert schedule.padded_width(19, torch.float32) == 20
+    assert schedule.padded_width(64, torch.float32) == 64
+    assert schedule.padded_width(10, torch.bfloat16) == 12
+    assert schedule.padded_width(19, torch.bfloat16) == 20
+    assert schedule.padded_width(16, torch.bfloat16) == 16
+
+
+def test_dot_value_width_differs_from_key_width():
+    """v may be wider or narrower than q/k (no edge features): the kernel runs
+    all of them at one padded width."""
+    from pyg_dfgnn import ops
+    ei = random_graph(120, 100, 900).cuda()
+    g = get_graph(ei, (120, 100))
+    gen = torch.Generator().manual_seed(3)
+    for fk, fv in ((10, 24), (24, 10)):
+        q = torch.randn(100, 2, fk, generator=gen, dtype=torch.float64)
+        k = torch.randn(120, 2, fk, generator=gen, dtype=torch.float64)
+        v = torch.randn(120, 2, fv, generator=gen, dtype=torch.float64)
+        ins = [t.cuda().float().requires_grad_(True) for t in (q, k, v)]
+        ref = [t.cuda().requires_grad_(True) for t in (q, k, v)]
+        out, _ = ops.dot_attention(g, *ins)
+        out_r, _ = ops.dot_attention(g, *ref)
+        assert out.shape == (100, 2, fv)
+        torch.testing.assert_close(out.double(), out_r, rtol=1e-4, atol=1e-5)
+        go = torch.randn_like(out_r)
+        gs = torch.autograd.grad(out, ins, go.float())
+        rs = torch.autograd.grad(out_r, ref, go)
+        for a, b in zip(gs, rs):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
