@@ -34,12 +34,14 @@ inline bool aligned16(const at::Tensor& t) {
 // on an H200 (docs/BENCHMARKS.md): for F = 64 fp32, 8 lanes x 2 float4 beat
 // 16 x 1 by 10-30% and 32 x 1/2 by 2x.  Narrow heads (F <= 16 fp32) take 1 or 2
 // lanes, so that the groups of one warp cover several heads of a row (or
-// several rows) instead of leaving lanes idle.
-inline int choose_group(int forced, int64_t F, int vec) {
+// several rows) instead of leaving lanes idle.  GAT keeps at least 4 lanes:
+// its forward walks lane-per-edge chunks of G edges with one softmax rescale
+// per chunk, and 1-2 lane chunks measured slower on PATTERN (H100, 8 x 10).
+inline int choose_group(int forced, int64_t F, int vec, int kind) {
   if (forced > 0) return forced;
   const int64_t per_lane = (int64_t)vec * chunks_for(vec);
   int64_t need = (F + per_lane - 1) / per_lane;
-  int g = 1;
+  int g = kind == GAT ? 4 : 1;
   while (g < 32 && g < need) g *= 2;
   return g;
 }
@@ -84,7 +86,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   const int64_t Nd = gr.rowptr.numel() - 1;
   p.work = iptr<I>(sc.work);
   p.num_items = sc.work.defined() ? sc.work.size(0) : Nd;
-  p.G = choose_group(sc.group, p.F, VEC);
+  p.G = choose_group(sc.group, p.F, VEC, KIND);
   const Launch l = launch_shape(p.num_items, p.H, p.F, p.G, VEC);
   p.tile = l.tile;
   p.out = mptr<T>(o.out); p.alpha = mptr<T>(o.alpha);
@@ -134,7 +136,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   // ---- row pass (destination side)
   p.work = iptr<I>(sc.work);
   p.num_items = sc.work.defined() ? sc.work.size(0) : Nd;
-  p.G = choose_group(sc.group, p.F, VEC);
+  p.G = choose_group(sc.group, p.F, VEC, KIND);
   Launch l = launch_shape(p.num_items, p.H, p.F, p.G, VEC);
   p.tile = l.tile;
   at::Tensor part1, att_part;

@@ -111,14 +111,14 @@ def padded_width(feat: int, dtype: torch.dtype) -> int:
     return fp
 
 
-def auto_group(feat: int, dtype: torch.dtype) -> int:
+def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     """Lanes per (row, head) the kernel picks (cuda/attention_launch.cuh:
     choose_group) for the padded width."""
     vmax = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
     fp = padded_width(feat, dtype)
     vec = vmax if fp % vmax == 0 else max(vmax // 2, 1)
     need = -(-fp // (vec * chunks_for(vec)))
-    g = 1
+    g = 4 if kind == 0 else 1   # GAT (kind 0) keeps >= 4 lanes
     while g < 32 and g < need:
         g *= 2
     return g
@@ -174,7 +174,7 @@ def plan_for(graph: CSRGraph, kind: int, feat: int, heads: int, dtype: torch.dty
     if plan is not None:
         return plan
     f_group, f_split = forced if forced is not None else (None, None)
-    group = f_group or auto_group(feat, dtype)  # mirrors the kernel's choose_group
+    group = f_group or auto_group(feat, dtype, kind)  # mirrors the kernel's choose_group
     if f_split is None:
         split = auto_split(graph.num_edges, heads, group, graph.device)
     else:
