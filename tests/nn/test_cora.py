@@ -1,5 +1,11 @@
 """End to end: a 2-layer GAT on Cora trained with PyG's GATConv and with ours
-(same init, same seed) reaches the same test accuracy."""
+(same init, same seed, same feature-dropout masks) reaches the same test accuracy.
+
+Attention dropout is off: PyG and the fused layers draw its masks from different
+random streams, which would make the two runs two different random trainings
+whose accuracies differ by the seed-to-seed spread (~1%), a matter of luck on a
+given CPU.  Without it the runs are the same computation in a different float32
+summation order; the fused attention dropout is tested in test_gat_conv.py."""
 import os
 import shutil
 
@@ -28,11 +34,10 @@ def cora(tmp_path_factory):
 class GAT(torch.nn.Module):
     def __init__(self, conv_cls, in_channels, num_classes):
         super().__init__()
-        self.conv1 = conv_cls(in_channels, 8, heads=8, dropout=0.6)
-        self.conv2 = conv_cls(8 * 8, num_classes, heads=1, concat=False, dropout=0.6)
+        self.conv1 = conv_cls(in_channels, 8, heads=8)
+        self.conv2 = conv_cls(8 * 8, num_classes, heads=1, concat=False)
 
-        # feature dropout from its own generator: both models see the same
-        # feature masks, only the (fused vs PyG) attention dropout differs
+        # feature dropout from its own generator: both models see the same masks
         self.gen = torch.Generator().manual_seed(0)
 
     def dropout(self, x, p=0.6):
@@ -77,4 +82,8 @@ def test_cora_gat_matches_pyg(cora):
     acc_ours, _ = _train(GATConv, data, cora.num_features, cora.num_classes, init)
     assert acc_pyg > 0.75, acc_pyg
     assert acc_ours > 0.75, acc_ours
+    # float32 rounding moves the logits by ~1e-6 relative after 40 steps (measured:
+    # train losses within 2e-6 of each other and of a float64 run); a test node changes
+    # its prediction only if its top-two logits are that close, so the accuracies agree
+    # to a node or two.  20 nodes (2%) of difference means the trainings diverged.
     assert abs(acc_pyg - acc_ours) <= 0.02, (acc_pyg, acc_ours)
