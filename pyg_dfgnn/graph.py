@@ -55,6 +55,12 @@ except Exception:  # pragma: no cover
 
 _INT32_MAX = 2**31 - 1
 
+#: index dtypes used as they are (``torch_geometric.typing.INDEX_DTYPES``)
+INDEX_DTYPES = (torch.int64, torch.int32)
+#: the integer dtypes PyG's ``propagate`` accepts for ``edge_index``; all but
+#: int64/int32 are widened to int64 before any arithmetic
+ACCEPTED_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
 
 def is_sparse_tensor(adj: Any) -> bool:
     """True for a ``torch_sparse.SparseTensor``."""
@@ -153,9 +159,18 @@ def _check_edge_index(edge_index: Tensor) -> None:
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"'edge_index' must have shape [2, num_edges], got "
                          f"{list(edge_index.shape)}")
-    if edge_index.dtype.is_floating_point or edge_index.dtype.is_complex or \
-            edge_index.dtype == torch.bool:
-        raise ValueError(f"'edge_index' must be an integer tensor, got {edge_index.dtype}")
+    if edge_index.dtype not in ACCEPTED_INDEX_DTYPES:
+        raise ValueError(f"'edge_index' must be an integer tensor of dtype torch.int64, "
+                         f"int32, int16, int8 or uint8 (those PyG's propagate accepts; the "
+                         f"small ones are widened to int64), got {edge_index.dtype}")
+
+
+def _widen(edge_index: Tensor) -> Tensor:
+    """int64 copy of an index tensor in a dtype too small for index arithmetic
+    (self-loop ids up to ``num_nodes`` would wrap in uint8/int8/int16)."""
+    if edge_index.dtype in INDEX_DTYPES:
+        return edge_index
+    return edge_index.as_subclass(Tensor).long()
 
 
 # --------------------------------------------------------------------------- #
@@ -204,6 +219,7 @@ def from_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> CSRGraph:
     """``edge_index [2, E]`` (row 0 = source, row 1 = target) -> :class:`CSRGraph`."""
     _check_edge_index(edge_index)
     ei = edge_index.as_subclass(Tensor) if type(edge_index) is not Tensor else edge_index
+    ei = _widen(ei)
     src, dst = ei[0], ei[1]
     _check_index("edge_index", src, num_src, "source")
     _check_index("edge_index", dst, num_dst, "target")
@@ -274,7 +290,7 @@ def build_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = 
         ns = ns if ns is not None else sparse[0]
         nd = nd if nd is not None else sparse[1]
     if ns is None or nd is None:
-        n = int(adj.max()) + 1 if adj.numel() else 0
+        n = int(_widen(adj).max()) + 1 if adj.numel() else 0
         ns = n if ns is None else ns
         nd = n if nd is None else nd
     if EdgeIndex is not None and isinstance(adj, EdgeIndex) and adj.is_sorted_by_col \
@@ -502,7 +518,7 @@ def _with_self_loops(adj: Any, num_nodes: int, num_src: int, num_dst: int) -> CS
         g.adj = looped
         return g
     _check_edge_index(adj)
-    ei = adj.as_subclass(Tensor) if type(adj) is not Tensor else adj
+    ei = _widen(adj.as_subclass(Tensor) if type(adj) is not Tensor else adj)
     _check_index("edge_index", ei[0], num_src, "source")
     _check_index("edge_index", ei[1], num_dst, "target")
     mask = ei[0] != ei[1]
@@ -532,7 +548,7 @@ def get_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = No
         if is_sparse_tensor(adj) or is_torch_sparse(adj):  # sizes come from the tensor
             return _with_self_loops(adj, self_loops, 0, 0)
         if ns is None or nd is None:
-            n = int(adj.max()) + 1 if isinstance(adj, Tensor) and adj.numel() else 0
+            n = int(_widen(adj).max()) + 1 if isinstance(adj, Tensor) and adj.numel() else 0
             s, d = (ns if ns is not None else max(n, self_loops),
                     nd if nd is not None else max(n, self_loops))
         else:
