@@ -16,16 +16,29 @@ columns of an ``edge_index`` tensor, the stored (CSR) order of a
 ``SparseTensor`` or a torch sparse CSR tensor, the stored order of a COO
 tensor.  Edge features (``edge_attr``) and returned attention weights use it.
 
-Conversions are cached on the adjacency object (weak reference + tensor
-version counters), so a static graph is converted once, not once per layer
-per step, and an in-place mutation of the adjacency is never served stale.
+Conversions are cached on the adjacency object, so a static graph is
+converted once, not once per layer per step.  A cached conversion is reused
+only for the *same* object (weak reference) whose index tensors (the
+``edge_index`` tensor; the index tensors of a sparse adjacency) have the same
+shapes, the same version counters and the same content fingerprint: a 64-bit
+linear hash of their elements (:func:`_fingerprint`) recomputed on every cache
+hit, on the tensors' device.  So an adjacency changed in place is never served
+stale, whichever way it was written -- in-place ops (version counter), writes
+through ``.data`` or a NumPy view (``.numpy()``, ``torch.from_numpy``) and
+tensors created or changed under :func:`torch.inference_mode` (no version
+counter) alike: changing any single index always changes the fingerprint,
+other changes go unnoticed with probability about ``2**-64``.  The values of a
+sparse adjacency are not part of the cached conversion and not checked.  The
+check costs two passes over the indices per hit and, on CUDA, one host sync;
+adjacency objects this package prepares itself may skip it
+(:func:`get_graph` ``trusted=True``).
 """
 from __future__ import annotations
 
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -41,6 +54,12 @@ except Exception:  # pragma: no cover
     EdgeIndex = None  # type: ignore
 
 _INT32_MAX = 2**31 - 1
+
+#: index dtypes used as they are (``torch_geometric.typing.INDEX_DTYPES``)
+INDEX_DTYPES = (torch.int64, torch.int32)
+#: the integer dtypes PyG's ``propagate`` accepts for ``edge_index``; all but
+#: int64/int32 are widened to int64 before any arithmetic
+ACCEPTED_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def is_sparse_tensor(adj: Any) -> bool:
@@ -140,9 +159,18 @@ def _check_edge_index(edge_index: Tensor) -> None:
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"'edge_index' must have shape [2, num_edges], got "
                          f"{list(edge_index.shape)}")
-    if edge_index.dtype.is_floating_point or edge_index.dtype.is_complex or \
-            edge_index.dtype == torch.bool:
-        raise ValueError(f"'edge_index' must be an integer tensor, got {edge_index.dtype}")
+    if edge_index.dtype not in ACCEPTED_INDEX_DTYPES:
+        raise ValueError(f"'edge_index' must be an integer tensor of dtype torch.int64, "
+                         f"int32, int16, int8 or uint8 (those PyG's propagate accepts; the "
+                         f"small ones are widened to int64), got {edge_index.dtype}")
+
+
+def _widen(edge_index: Tensor) -> Tensor:
+    """int64 copy of an index tensor in a dtype too small for index arithmetic
+    (self-loop ids up to ``num_nodes`` would wrap in uint8/int8/int16)."""
+    if edge_index.dtype in INDEX_DTYPES:
+        return edge_index
+    return edge_index.as_subclass(Tensor).long()
 
 
 # --------------------------------------------------------------------------- #
@@ -191,6 +219,7 @@ def from_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> CSRGraph:
     """``edge_index [2, E]`` (row 0 = source, row 1 = target) -> :class:`CSRGraph`."""
     _check_edge_index(edge_index)
     ei = edge_index.as_subclass(Tensor) if type(edge_index) is not Tensor else edge_index
+    ei = _widen(ei)
     src, dst = ei[0], ei[1]
     _check_index("edge_index", src, num_src, "source")
     _check_index("edge_index", dst, num_dst, "target")
@@ -261,7 +290,7 @@ def build_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = 
         ns = ns if ns is not None else sparse[0]
         nd = nd if nd is not None else sparse[1]
     if ns is None or nd is None:
-        n = int(adj.max()) + 1 if adj.numel() else 0
+        n = int(_widen(adj).max()) + 1 if adj.numel() else 0
         ns = n if ns is None else ns
         nd = n if nd is None else nd
     if EdgeIndex is not None and isinstance(adj, EdgeIndex) and adj.is_sorted_by_col \
@@ -295,15 +324,17 @@ def _tensors_of(adj: Any):
     return []
 
 
-def _versions(adj: Any) -> Tuple[int, ...]:
+def _versions(tensors) -> Tuple[Optional[int], ...]:
+    """Version counters of the adjacency's index tensors; ``-1`` where the
+    counter cannot be read (inference tensors), ``None`` for an absent slot."""
     out = []
-    for t in _tensors_of(adj):
+    for t in tensors:
         if t is None:
             out.append(None)
             continue
         try:
             out.append(t._version)
-        except Exception:  # inference tensors etc.
+        except Exception:  # inference tensors have no version counter
             out.append(-1)
     return tuple(out)
 
@@ -314,30 +345,124 @@ def _same_versions(old: Tuple, new: Tuple) -> bool:
         a is None or b is None or a == b for a, b in zip(old, new))
 
 
+# --------------------------------------------------------------------------- #
+# content fingerprint
+# --------------------------------------------------------------------------- #
+
+#: length of the per-device tables of random odd 64-bit weights
+_FP_BLOCK = 1 << 16
+_fp_tables: Dict[Any, Tuple[Tensor, Tensor]] = {}
+
+
+def _fp_weights(device: torch.device) -> Tuple[Tensor, Tensor]:
+    """Two tables of ``_FP_BLOCK`` random odd int64 weights on ``device``
+    (fixed seed; 1 MiB per device, whatever the graph size)."""
+    w = _fp_tables.get(device)
+    if w is None:
+        g = torch.Generator().manual_seed(0x5EED)
+        a, b = (torch.randint(-2**63, 2**63 - 1, (_FP_BLOCK,), generator=g,
+                              dtype=torch.int64).bitwise_or_(1) for _ in range(2))
+        w = _fp_tables[device] = (a.to(device), b.to(device))
+    return w
+
+
+def _fingerprint(t: Tensor) -> Tensor:
+    """A 64-bit linear hash of an index tensor's content (a 0-d int64 tensor on
+    its device): ``sum_i w_i x_i mod 2**64`` over the flattened, int64-widened
+    elements, with odd weights ``w_i = a[i % B] * b[i // B]`` from two fixed
+    random tables.  Changing any single element always changes it (an odd
+    weight times a nonzero difference is nonzero mod ``2**64``); other changes
+    collide with probability about ``2**-64``.  Two passes over the data, no
+    stored copy of it (``numel < 2**32``)."""
+    if type(t) is not Tensor:
+        t = t.as_subclass(Tensor)  # EdgeIndex & co.: skip their __torch_function__
+    x = t.reshape(-1)
+    n = x.numel()
+    a, b = _fp_weights(x.device)
+    if n <= _FP_BLOCK:
+        return (a[:n] * x).sum()
+    rows, tail = divmod(n, _FP_BLOCK)
+    h = ((x[:rows * _FP_BLOCK].view(rows, _FP_BLOCK) * a).sum(1) * b[:rows]).sum()
+    if tail:
+        h = h + (a[:tail] * x[rows * _FP_BLOCK:]).sum() * b[rows]
+    return h
+
+
+def _fingerprints(tensors) -> Tuple[Tuple, Any]:
+    """``(shapes, hashes)`` of the present slots: python ints on CPU, one
+    stacked int64 tensor on an accelerator (compared with one host sync)."""
+    shapes = tuple(None if t is None else tuple(t.shape) for t in tensors)
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return shapes, ()
+    hs = [_fingerprint(t) for t in present]
+    if present[0].device.type == "cpu":
+        return shapes, tuple(int(h) for h in hs)
+    return shapes, torch.stack(hs)
+
+
+def _same_content(old: Tuple[Tuple, Any], tensors) -> bool:
+    """Same shapes and fingerprints in the slots present when ``old`` was
+    taken (a slot filled lazily since, like a SparseTensor's ``row``, is
+    derived from the others)."""
+    shapes, hashes = old
+    if len(shapes) != len(tensors):
+        return False
+    now = []
+    for s, t in zip(shapes, tensors):
+        if s is None:
+            continue
+        if t is None or s != tuple(t.shape):
+            return False
+        now.append(t)
+    new = _fingerprints(now)[1]
+    if isinstance(hashes, tuple):
+        return hashes == new
+    return bool(torch.equal(hashes, new))  # one host sync
+
+
+class _Entry(NamedTuple):
+    versions: Tuple
+    content: Tuple[Tuple, Any]
+    graph: "CSRGraph"
+
+
 class _GraphCache:
-    """id(adj) -> (weakref(adj), key, versions, graph); entries die with adj."""
+    """id(adj) -> (weakref(adj), {key: _Entry}); entries die with adj.
+
+    A hit needs the same object (weak reference), the same version counters of
+    its index tensors and -- unless the caller marks the adjacency as
+    ``trusted`` and every counter is readable -- the same content fingerprint
+    (:func:`_fingerprint`), which catches the writes that bypass the version
+    counter (``.data``, NumPy views, ``torch.inference_mode``).
+    """
 
     def __init__(self) -> None:
         self._d: Dict[int, list] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        #: hits refused because the content changed behind the version counter
+        self.stale = 0
 
-    def get(self, adj: Any, key: Any, build) -> CSRGraph:
+    def get(self, adj: Any, key: Any, build, trusted: bool = False) -> CSRGraph:
         oid = id(adj)
-        vers = _versions(adj)
+        tensors = _tensors_of(adj)
+        vers = _versions(tensors)
+        hit = None
         with self._lock:
             entries = self._d.get(oid)
             if entries is not None:
-                ref = entries[0]
-                if ref() is adj:
+                if entries[0]() is adj:
                     hit = entries[1].get(key)
-                    if hit is not None and _same_versions(hit[0], vers):
-                        self.hits += 1
-                        return hit[1]
                 else:
-                    entries = None
                     self._d.pop(oid, None)
+        if hit is not None and _same_versions(hit.versions, vers):
+            if (trusted and -1 not in vers) or _same_content(hit.content, tensors):
+                self.hits += 1
+                return hit.graph
+            self.stale += 1
+        content = _fingerprints(tensors)  # of the content the graph is built from
         graph = build()
         self.misses += 1
         with self._lock:
@@ -349,13 +474,13 @@ class _GraphCache:
                     return graph
                 entries = [ref, {}]
                 self._d[oid] = entries
-            entries[1][key] = (vers, graph)
+            entries[1][key] = _Entry(vers, content, graph)
         return graph
 
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
-            self.hits = self.misses = 0
+            self.hits = self.misses = self.stale = 0
 
 
 _cache = _GraphCache()
@@ -367,7 +492,10 @@ def clear_cache() -> None:
 
 
 def cache_info() -> Dict[str, int]:
-    return {"hits": _cache.hits, "misses": _cache.misses, "entries": len(_cache._d)}
+    """``hits``, ``misses`` (conversions), ``stale`` (hits refused because the
+    content changed without a version bump) and live ``entries``."""
+    return {"hits": _cache.hits, "misses": _cache.misses, "stale": _cache.stale,
+            "entries": len(_cache._d)}
 
 
 def _with_self_loops(adj: Any, num_nodes: int, num_src: int, num_dst: int) -> CSRGraph:
@@ -390,7 +518,7 @@ def _with_self_loops(adj: Any, num_nodes: int, num_src: int, num_dst: int) -> CS
         g.adj = looped
         return g
     _check_edge_index(adj)
-    ei = adj.as_subclass(Tensor) if type(adj) is not Tensor else adj
+    ei = _widen(adj.as_subclass(Tensor) if type(adj) is not Tensor else adj)
     _check_index("edge_index", ei[0], num_src, "source")
     _check_index("edge_index", ei[1], num_dst, "target")
     mask = ei[0] != ei[1]
@@ -400,25 +528,30 @@ def _with_self_loops(adj: Any, num_nodes: int, num_src: int, num_dst: int) -> CS
 
 
 def get_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = None,
-              self_loops: Optional[int] = None) -> CSRGraph:
+              self_loops: Optional[int] = None, trusted: bool = False) -> CSRGraph:
     """Cached :func:`build_graph`.
 
     ``self_loops=N`` first removes existing self-loops and adds one loop for
     nodes ``0..N-1`` exactly as PyG's GAT/GATv2/AGNN layers do.
+
+    ``trusted=True`` skips the content fingerprint on a cache hit (the version
+    counters are still checked, and an inference tensor is still fingerprinted).
+    Only for adjacency objects that this package prepared and owns, which no
+    user code can write to; on CUDA it saves the hit's host sync.
     """
     ns, nd = _sizes(adj, size)
     key = (ns, nd, self_loops)
     if self_loops is None:
-        return _cache.get(adj, key, lambda: build_graph(adj, (ns, nd)))
+        return _cache.get(adj, key, lambda: build_graph(adj, (ns, nd)), trusted)
 
     def build():
         if is_sparse_tensor(adj) or is_torch_sparse(adj):  # sizes come from the tensor
             return _with_self_loops(adj, self_loops, 0, 0)
         if ns is None or nd is None:
-            n = int(adj.max()) + 1 if isinstance(adj, Tensor) and adj.numel() else 0
+            n = int(_widen(adj).max()) + 1 if isinstance(adj, Tensor) and adj.numel() else 0
             s, d = (ns if ns is not None else max(n, self_loops),
                     nd if nd is not None else max(n, self_loops))
         else:
             s, d = ns, nd
         return _with_self_loops(adj, self_loops, s, d)
-    return _cache.get(adj, key, build)
+    return _cache.get(adj, key, build, trusted)

@@ -106,3 +106,105 @@ def test_self_loops_follow_pyg_order():
     ref, _ = add_self_loops(remove_self_loops(ei)[0], num_nodes=3)
     want = sorted((int(s), int(d), i) for i, (s, d) in enumerate(ref.t().tolist()))
     assert _as_set(g) == want
+
+
+# --------------------------------------------------------------------------- #
+# writes the version counter does not see (issue 14, item 1)
+# --------------------------------------------------------------------------- #
+
+def _mutators():
+    def data(ei):
+        ei.data[1, 3] = (ei[1, 3] + 1) % 5
+
+    def numpy_view(ei):
+        ei.numpy()[1, 3] = (int(ei[1, 3]) + 1) % 5
+
+    def inference(ei):
+        with torch.inference_mode():
+            ei[1, 3] = (ei[1, 3] + 1) % 5
+    return {"data": data, "numpy": numpy_view, "inference_mode": inference}
+
+
+@pytest.mark.parametrize("how", list(_mutators()))
+@pytest.mark.parametrize("loops", [None, 5])
+def test_cache_sees_writes_behind_the_version_counter(how, loops):
+    G.clear_cache()
+    ei = _edges()
+    g1 = G.get_graph(ei, (7, 5), loops)
+    assert G.get_graph(ei, (7, 5), loops) is g1
+    _mutators()[how](ei)
+    g2 = G.get_graph(ei, (7, 5), loops)
+    fresh = G.build_graph(ei, (7, 5)) if loops is None else \
+        G._with_self_loops(ei, loops, 7, 5)
+    assert g2 is not g1 and _as_set(g2) == _as_set(fresh)
+    if how != "inference_mode":  # (an inference_mode write bumps the counter)
+        assert G.cache_info()["stale"] == 1
+    assert G.get_graph(ei, (7, 5), loops) is g2          # and is cached again
+
+
+def test_cache_of_inference_tensors_and_from_numpy():
+    import numpy as np
+    G.clear_cache()
+    with torch.inference_mode():
+        ei = _edges()
+        g1 = G.get_graph(ei, (7, 5))
+        assert G.get_graph(ei, (7, 5)) is g1
+        ei[1, 0] = (ei[1, 0] + 2) % 5                     # no version counter at all
+        g2 = G.get_graph(ei, (7, 5))
+    assert g2 is not g1 and _as_set(g2) == _as_set(G.build_graph(ei, (7, 5)))
+    arr = np.ascontiguousarray(_edges().numpy())
+    t = torch.from_numpy(arr)
+    g1 = G.get_graph(t, (7, 5))
+    arr[0, 2] = (arr[0, 2] + 3) % 7
+    g2 = G.get_graph(t, (7, 5))
+    assert g2 is not g1 and _as_set(g2) == _as_set(G.build_graph(t, (7, 5)))
+
+
+def test_cache_of_sparse_adjacency_sees_index_writes():
+    ei = _edges(6, 6, 12)
+    adj = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), torch.ones(12), (6, 6))
+    csr = adj.coalesce().to_sparse_csr()
+    for a in (adj, csr):
+        G.clear_cache()
+        g1 = G.get_graph(a)
+        idx = a._indices() if a.layout == torch.sparse_coo else a.col_indices()
+        idx.data[-1] = (idx[-1] + 1) % 6
+        g2 = G.get_graph(a)
+        assert g2 is not g1 and _as_set(g2) == _as_set(G.build_graph(a))
+
+
+def test_trusted_skips_the_content_check_but_not_the_version():
+    G.clear_cache()
+    ei = _edges()
+    g1 = G.get_graph(ei, (7, 5), trusted=True)
+    ei.data[1, 3] = (ei[1, 3] + 1) % 5
+    assert G.get_graph(ei, (7, 5), trusted=True) is g1    # owned objects are not written
+    ei[1, 3] = (ei[1, 3] + 1) % 5
+    assert G.get_graph(ei, (7, 5), trusted=True) is not g1
+    with torch.inference_mode():
+        t = _edges()
+    g1 = G.get_graph(t, (7, 5), trusted=True)
+    assert G.get_graph(t, (7, 5), trusted=True) is g1
+    with torch.inference_mode():
+        t[1, 3] = (t[1, 3] + 1) % 5
+    assert G.get_graph(t, (7, 5), trusted=True) is not g1  # unreadable version: checked
+
+
+def test_fingerprint_detects_every_single_element_change():
+    torch.manual_seed(0)
+    for n in (0, 1, 7, G._FP_BLOCK, G._FP_BLOCK * 2 + 5):
+        x = torch.randint(-2**40, 2**40, (n,))
+        h = int(G._fingerprint(x))
+        assert h == int(G._fingerprint(x.clone().int() if n == 0 else x.clone()))
+        for i in {0, n // 2, n - 1} if n else ():
+            y = x.clone()
+            y[i] += 1
+            assert int(G._fingerprint(y)) != h
+            y[i] = x[i] - 2**62
+            assert int(G._fingerprint(y)) != h
+        if n > 1:                                         # a transposition
+            y = x.clone()
+            y[0], y[-1] = x[-1], x[0]
+            assert x[0] == x[-1] or int(G._fingerprint(y)) != h
+    e = _edges()
+    assert int(G._fingerprint(e)) == int(G._fingerprint(e.int()))  # widened exactly

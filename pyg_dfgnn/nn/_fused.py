@@ -183,6 +183,52 @@ def _pyg_loops(adj: Any, edge_attr: Optional[Tensor], fill_value: Any,
     return add_self_loops(adj, edge_attr, fill_value=fill_value, num_nodes=num_nodes)
 
 
+def looped_edge_attr(edge_index: Tensor, edge_attr: Tensor, fill_value: Any,
+                     num_nodes: int) -> Tensor:
+    """The edge features of PyG's ``remove_self_loops`` + ``add_self_loops(
+    edge_index, edge_attr, fill_value, num_nodes)`` on an ``edge_index``
+    tensor: those of the non-loop edges in their order, then one row per
+    node ``0 .. num_nodes-1`` filled as PyG fills it (``None``: ones; a
+    number; a tensor; ``'add'``/``'sum'``/``'mean'``/``'min'``/``'max'``/
+    ``'mul'``: that reduction of the features of the node's incoming non-loop
+    edges, PyG's ``scatter``).
+
+    Unlike PyG's own call, the reduction always runs on an int64 index: with an
+    int32 ``edge_index`` the gradient of ``torch``'s scatter with an int32 index
+    is wrong (and NaN for ``'max'``/``'min'``), and uint8/int8/int16 indices are
+    widened before any arithmetic.
+    """
+    from torch_geometric.utils import scatter
+    ei = edge_index.as_subclass(Tensor) if type(edge_index) is not Tensor else edge_index
+    if ei.dtype not in (torch.int64, torch.int32):
+        ei = ei.long()
+    mask = ei[0] != ei[1]
+    attr = edge_attr[mask]
+    size = (num_nodes,) + tuple(attr.shape[1:])
+    if fill_value is None:
+        loop = attr.new_ones(size)
+    elif isinstance(fill_value, (int, float)):
+        loop = attr.new_full(size, fill_value)
+    elif isinstance(fill_value, Tensor):
+        loop = fill_value.to(attr.device, attr.dtype)
+        if attr.dim() != loop.dim():
+            loop = loop.unsqueeze(0)
+        loop = loop.expand(size).contiguous()
+    elif isinstance(fill_value, str):
+        loop = scatter(attr, ei[1][mask].long(), 0, num_nodes, fill_value)
+    else:
+        raise AttributeError("No valid 'fill_value' provided")  # PyG's error
+    return torch.cat([attr, loop], dim=0)
+
+
+def _looped_index(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """PyG's looped ``edge_index`` (non-loop edges, then ``0..num_nodes-1``)
+    for an index dtype too small for PyG's own ``arange`` (widened to int64)."""
+    ei = edge_index.as_subclass(Tensor).long()
+    loops = torch.arange(num_nodes, device=ei.device).view(1, -1).expand(2, -1)
+    return torch.cat([ei[:, ei[0] != ei[1]], loops], dim=1)
+
+
 def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
                   num_dst: Optional[int]) -> Tuple[int, int]:
     """``(num_src, num_dst)`` exactly as PyG's ``propagate`` infers them."""
@@ -282,8 +328,13 @@ def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
     else:
         # graph.py applies remove/add_self_loops itself (cached, PyG's edge order)
         graph = get_graph(edge_index, (ns, nd), loops)
-        if ea is not None or need_adj:
-            adj, ea = _pyg_loops(edge_index, ea, fill_value, loops)
+        if ea is not None:
+            ea = looped_edge_attr(edge_index, ea, fill_value, loops)
+        if need_adj:
+            if edge_index.dtype in (torch.int64, torch.int32):
+                adj, _ = _pyg_loops(edge_index, None, None, loops)  # PyG's types
+            else:
+                adj = _looped_index(edge_index, loops)
     return Adjacency(graph, ea, adj)
 
 

@@ -11,7 +11,7 @@ attention coefficients in the graph's original edge order when
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -26,26 +26,83 @@ __all__ = ["gat_attention", "gatv2_attention", "dot_attention", "agnn_attention"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check_feat(name: str, t: Tensor, rows: int, dims: int, graph: CSRGraph,
-                heads: Optional[int] = None, feat: Optional[int] = None) -> None:
-    if not isinstance(t, Tensor):
-        raise ValueError(f"'{name}' must be a Tensor, got {type(t).__name__}")
-    if t.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"'{name}' has dtype {t.dtype}; supported: float16, bfloat16, "
-                         "float32, float64")
-    if t.dim() != dims:
-        raise ValueError(f"'{name}' must have {dims} dimensions, got shape {list(t.shape)}")
-    if t.size(0) != rows:
-        raise ValueError(f"'{name}' has {t.size(0)} rows, but the graph needs {rows}")
-    if heads is not None and t.size(1) != heads:
-        raise ValueError(f"'{name}' has {t.size(1)} heads, expected {heads}")
-    if feat is not None and t.size(2) != feat:
-        raise ValueError(f"'{name}' has feature size {t.size(2)}, expected {feat}")
-    if t.device != graph.device:
-        raise ValueError(f"'{name}' is on {t.device} but the graph is on {graph.device}")
+#: row dimension symbols: the graph attribute giving the size, and its meaning
+_ROWS = {"src": ("num_src", "source nodes", "source node"),
+         "dst": ("num_dst", "destination nodes", "destination node"),
+         "E": ("num_edges", "edges", "edge")}
+#: other dimension symbols, bound by the first argument that has them
+_DIMS = {"H": ("heads", "num_heads"), "F": ("features", "features"),
+         "Fv": ("value features", "value_features")}
+
+
+def _layout(dims) -> str:
+    return "[" + ", ".join(_ROWS[d][0].replace("num_", "N_") if d in _ROWS else _DIMS[d][1]
+                           for d in dims) + "]"
+
+
+def _check_graph(graph: Any) -> None:
+    if not isinstance(graph, CSRGraph):
+        raise ValueError(
+            f"'graph' must be a pyg_dfgnn.graph.CSRGraph, got {type(graph).__name__}; "
+            f"build one with pyg_dfgnn.graph.get_graph(edge_index, (num_src, num_dst))")
+
+
+def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = ()) -> Dict[str, int]:
+    """Validate ``(name, tensor or None, dims)`` arguments against the graph and
+    each other; every message names the user's argument and what was expected.
+    ``dims`` lists one symbol per dimension (see ``_ROWS`` / ``_DIMS``); the
+    arguments named in ``optional`` may be ``None``.
+    Returns the sizes bound to the non-row symbols."""
+    _check_graph(graph)
+    bound: Dict[str, Tuple[int, str]] = {}
+    first: Optional[Tuple[str, Tensor]] = None
+    for name, t, dims in specs:
+        if t is None and name in optional:
+            continue
+        if not isinstance(t, Tensor):
+            raise ValueError(f"'{name}' must be a Tensor of shape {_layout(dims)}, got "
+                             f"{type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"'{name}' has dtype {t.dtype}; supported: float16, bfloat16, "
+                             "float32, float64")
+        if t.dim() != len(dims):
+            raise ValueError(f"'{name}' must have shape {_layout(dims)} ({len(dims)} "
+                             f"dimensions), got shape {list(t.shape)}")
+        for d, sym in enumerate(dims):
+            n = t.size(d)
+            if sym in _ROWS:
+                attr, what, one = _ROWS[sym]
+                want = getattr(graph, attr)
+                if n != want:
+                    raise ValueError(
+                        f"'{name}' has {n} rows but the graph has {want} {what} "
+                        f"(graph.{attr}): '{name}' needs one row per {one}")
+            elif sym in bound and bound[sym][0] != n:
+                raise ValueError(
+                    f"'{name}' has {n} {_DIMS[sym][0]} (size of dimension {d}) but "
+                    f"'{bound[sym][1]}' has {bound[sym][0]}; they must agree")
+            else:
+                bound.setdefault(sym, (n, name))
+        if t.device != graph.device:
+            raise ValueError(f"'{name}' is on {t.device} but the graph is on {graph.device}")
+        if first is None:
+            first = (name, t)
+        elif t.dtype != first[1].dtype:
+            raise ValueError(f"'{name}' has dtype {t.dtype} but '{first[0]}' has "
+                             f"{first[1].dtype}: all inputs must share one dtype")
+    return {k: v[0] for k, v in bound.items()}
+
+
+def _check_float(name: str, value: Any, finite: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"'{name}' must be a float, got {type(value).__name__}")
+    if finite and not math.isfinite(value):
+        raise ValueError(f"'{name}' must be finite, got {value}")
+    return float(value)
 
 
 def _seed(dropout: float, device) -> Optional[Tensor]:
+    dropout = _check_float("dropout", dropout)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"'dropout' must be in [0, 1), got {dropout}")
     if dropout == 0.0:
@@ -61,10 +118,6 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
     from ..schedule import plan_for
     seed = _seed(dropout, graph.device)
     dt = src_feat.dtype
-    for n, t in (("dst", dst_feat), ("value", value), ("edge", edge), ("att", att)):
-        if t is not None and t.dtype != dt:
-            raise ValueError(f"all features must share one dtype: got {dt} and {t.dtype} "
-                             f"({n})")
     heads = src_feat.size(1)
     feat = (value if value is not None else src_feat)
     plan = plan_for(graph, kind, feat.size(-1) if feat.dim() == 3 else 1, heads, dt)
@@ -89,12 +142,10 @@ def gat_attention(graph: CSRGraph, x: Tensor, a_src: Tensor, a_dst: Tensor,
     ``x [N_src, H, F]``, ``a_src [N_src, H]``, ``a_dst [N_dst, H]``,
     ``a_edge [E, H]`` in original edge order.
     """
-    _check_feat("x", x, graph.num_src, 3, graph)
-    H = x.size(1)
-    _check_feat("a_src", a_src, graph.num_src, 2, graph, H)
-    _check_feat("a_dst", a_dst, graph.num_dst, 2, graph, H)
-    if a_edge is not None:
-        _check_feat("a_edge", a_edge, graph.num_edges, 2, graph, H)
+    _check_inputs(graph, ("x", x, ("src", "H", "F")), ("a_src", a_src, ("src", "H")),
+                  ("a_dst", a_dst, ("dst", "H")), ("a_edge", a_edge, ("E", "H")),
+                  optional=("a_edge",))
+    negative_slope = _check_float("negative_slope", negative_slope)
     return _run(GAT, graph, a_dst, a_src, x, a_edge, None, 1.0, negative_slope, dropout,
                 return_alpha)
 
@@ -109,16 +160,12 @@ def gatv2_attention(graph: CSRGraph, x_src: Tensor, x_dst: Tensor, att: Tensor,
     ``x_src [N_src, H, F]``, ``x_dst [N_dst, H, F]``, ``att [H, F]`` (a leading
     singleton dimension is accepted), ``x_edge [E, H, F]``.
     """
-    _check_feat("x_src", x_src, graph.num_src, 3, graph)
-    H, Fd = x_src.size(1), x_src.size(2)
-    _check_feat("x_dst", x_dst, graph.num_dst, 3, graph, H, Fd)
-    att = att.reshape(-1, *att.shape[-2:]) if att.dim() == 3 else att
-    if att.dim() == 3:
-        att = att[0]
-    if tuple(att.shape) != (H, Fd):
-        raise ValueError(f"'att' must have shape [{H}, {Fd}], got {list(att.shape)}")
-    if x_edge is not None:
-        _check_feat("x_edge", x_edge, graph.num_edges, 3, graph, H, Fd)
+    if isinstance(att, Tensor) and att.dim() == 3 and att.size(0) == 1:
+        att = att[0]  # PyG's parameter shape [1, H, F]
+    _check_inputs(graph, ("x_src", x_src, ("src", "H", "F")),
+                  ("x_dst", x_dst, ("dst", "H", "F")), ("att", att, ("H", "F")),
+                  ("x_edge", x_edge, ("E", "H", "F")), optional=("x_edge",))
+    negative_slope = _check_float("negative_slope", negative_slope)
     return _run(GATV2, graph, x_dst, x_src, None, x_edge, att, 1.0, negative_slope, dropout,
                 return_alpha)
 
@@ -134,17 +181,16 @@ def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     ``edge [E, H, F]`` (added to keys and values, as in PyG's TransformerConv);
     ``scale`` defaults to :math:`1/\sqrt{F}`.
     """
-    _check_feat("k", k, graph.num_src, 3, graph)
-    H, Fd = k.size(1), k.size(2)
-    _check_feat("q", q, graph.num_dst, 3, graph, H, Fd)
-    _check_feat("v", v, graph.num_src, 3, graph, H)
-    if edge is not None:
-        _check_feat("edge", edge, graph.num_edges, 3, graph, H, Fd)
-        if v.size(2) != Fd:
-            raise ValueError("'edge' is added to keys and values, so 'v' must have the "
-                             f"feature size of 'k' ({Fd}), got {v.size(2)}")
+    sizes = _check_inputs(graph, ("q", q, ("dst", "H", "F")), ("k", k, ("src", "H", "F")),
+                          ("v", v, ("src", "H", "Fv")), ("edge", edge, ("E", "H", "F")),
+                          optional=("edge",))
+    Fd = sizes["F"]
+    if edge is not None and v.size(2) != Fd:
+        raise ValueError("'edge' is added to keys and values, so 'v' must have the "
+                         f"feature size of 'k' ({Fd}), got {v.size(2)}")
     if scale is None:
-        scale = 1.0 / math.sqrt(Fd)
+        scale = 1.0 / math.sqrt(Fd) if Fd > 0 else 1.0
+    scale = _check_float("scale", scale)
     return _run(DOT, graph, q, k, v, edge, None, scale, 0.2, dropout, return_alpha)
 
 
@@ -152,15 +198,27 @@ def agnn_attention(graph: CSRGraph, x: Tensor, beta: Tensor, dropout: float = 0.
                    return_alpha: bool = False, eps: float = 1e-12
                    ) -> Tuple[Tensor, Optional[Tensor]]:
     r"""AGNN: :math:`o_i = \sum_j \mathrm{softmax}_j(\beta \cos(x_i, x_j))\, x_j`
-    for ``x [N, F]`` (single head); ``beta`` is a (learnable) scalar tensor.
+    for ``x [N_src, F]`` (single head; the first ``N_dst`` rows are the destination
+    nodes); ``beta`` is a (learnable) one-element tensor or a float.
 
     Runs the dot-product kernel with ``q = beta * x_norm``, ``k = x_norm`` and
     ``v = x``, so autograd carries the gradient of ``beta`` and of the norm.
     """
-    if x.dim() != 2:
-        raise ValueError(f"'x' must have shape [N, F], got {list(x.shape)}")
+    _check_inputs(graph, ("x", x, ("src", "F")))
+    if graph.num_dst > graph.num_src:
+        raise ValueError(
+            f"'x' has {x.size(0)} rows but the graph has {graph.num_dst} destination nodes "
+            f"(graph.num_dst): AGNN takes the destination features from the first num_dst "
+            f"rows of 'x', so it needs num_dst <= num_src")
+    if isinstance(beta, (int, float)) and not isinstance(beta, bool):
+        beta = torch.tensor(float(beta), device=x.device)
+    if not isinstance(beta, Tensor) or beta.numel() != 1 or beta.is_complex():
+        raise ValueError(f"'beta' must be a float or a one-element real tensor, got "
+                         f"{type(beta).__name__}"
+                         + (f" of shape {list(beta.shape)}" if isinstance(beta, Tensor) else ""))
+    eps = _check_float("eps", eps)
     xn = torch.nn.functional.normalize(x, p=2.0, dim=-1, eps=eps)
-    q = (xn * beta.to(xn.dtype)).unsqueeze(1)
+    q = (xn * beta.reshape(()).to(xn.device, xn.dtype)).unsqueeze(1)
     if graph.num_dst != x.size(0):
         q = q[:graph.num_dst]
     out, alpha = dot_attention(graph, q, xn.unsqueeze(1), x.unsqueeze(1), None, 1.0,

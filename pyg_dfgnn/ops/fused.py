@@ -43,7 +43,14 @@ def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
                   need_alpha: bool, sched: List[int], work: Optional[Tensor],
                   merge: Optional[Tensor], t_work: Optional[Tensor],
                   t_merge: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
-    """Forward; the transposed CSR (``t_*``) is unused here but saved for backward."""
+    """Forward: ``(out [N_dst, H, F], lse [2, N_dst, H], alpha)``.
+
+    ``lse`` holds the saved softmax statistics of every (row, head): ``lse[0]``
+    the row max ``m`` of the pre-dropout scores (``-inf`` for a row without
+    edges), ``lse[1]`` ``log(l)``, ``l = sum_j exp(s_ij - m)`` (``0`` for a row
+    without edges); float32, float64 for float64 inputs.  The backward
+    recomputes ``alpha = exp((s - m) - log(l))``.  The transposed CSR
+    (``t_*``) is unused here but saved for backward."""
     return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
                                  att, scale, negative_slope, dropout_p, _seed_int(seed),
                                  need_alpha)
@@ -81,7 +88,7 @@ def _attention_fwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
     dt = _out_dtype(kind, src_feat, value)
     lse_dt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
     out = src_feat.new_empty((nd, H, Fd), dtype=dt)
-    lse = src_feat.new_empty((nd, H), dtype=lse_dt)
+    lse = src_feat.new_empty((2, nd, H), dtype=lse_dt)  # [row max m, log(l)]
     alpha = src_feat.new_empty((col.shape[0], H) if need_alpha else (0,), dtype=dt)
     return out, lse, alpha
 

@@ -6,8 +6,9 @@ tested against.  For every destination row :math:`i` with incoming edges
 
 .. math::
     s_{ij} &= \mathrm{score}(i, j) \\
-    \alpha_{ij} &= \frac{\exp(s_{ij} - m_i)}{\sum_k \exp(s_{ik} - m_i) + 10^{-16}}
-        = \exp(s_{ij} - \mathrm{lse}_i) \\
+    m_i &= \max_k s_{ik}, \qquad l_i = \sum_k \exp(s_{ik} - m_i) \\
+    \alpha_{ij} &= \frac{\exp(s_{ij} - m_i)}{l_i + 10^{-16}}
+        \approx \exp\big((s_{ij} - m_i) - \log l_i\big) \\
     o_i &= \sum_j \tilde\alpha_{ij}\, v_j, \qquad
         \tilde\alpha_{ij} = \alpha_{ij}\, \mathrm{keep}_{ij} / (1 - p)
 
@@ -20,8 +21,14 @@ with the score per model kind:
 * ``DOT``:   :math:`s = \mathrm{scale}\,\langle q_i, k_j [+ e_{ij}]\rangle`, value
   :math:`v_j [+ e_{ij}]` (Graph Transformer; AGNN passes ``q = beta * x_norm``).
 
-The forward saves only ``out`` and ``lse [N_dst, H]``; the backward recomputes
-:math:`\alpha` from ``lse`` (FlashAttention-2 style):
+The forward saves only ``out`` and the row statistics ``lse [2, N_dst, H]``
+(``lse[0]`` = :math:`m_i`, ``-inf`` for a row without edges; ``lse[1]`` =
+:math:`\log l_i`, ``0`` for a row without edges; float32, float64 for float64
+inputs).  The backward recomputes :math:`\alpha_{ij} = \exp((s_{ij} - m_i) -
+\log l_i)` from them, subtracting the max first so that the exponent's error
+does not grow with :math:`|m_i|` (a single logsumexp :math:`m_i + \log l_i`
+rounded to float32 would lose :math:`\log l_i` at large logits), then
+(FlashAttention-2 style):
 :math:`\Delta_i = \langle dO_i, O_i\rangle`,
 :math:`dS_{ij} = \alpha_{ij}(dP_{ij}\,\mathrm{keep}_{ij}/(1-p) - \Delta_i)`.
 
@@ -160,17 +167,24 @@ def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Ten
                       edge: Optional[Tensor], att: Optional[Tensor], scale: float,
                       negative_slope: float, dropout_p: float, seed: int,
                       need_alpha: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """Returns ``out [N_dst, H, F]``, ``lse [N_dst, H]`` (fp32) and post-dropout
-    ``alpha [E, H]`` in original edge order (empty unless ``need_alpha``)."""
+    """Returns ``out [N_dst, H, F]``, the saved statistics ``lse [2, N_dst, H]``
+    (float32; float64 for float64 inputs: ``lse[0]`` the row max ``m`` of the
+    pre-dropout scores, ``-inf`` for a row without edges, ``lse[1]`` ``log(l)``
+    with ``l = sum_j exp(s_ij - m)``, ``0`` for a row without edges) and
+    post-dropout ``alpha [E, H]`` in original edge order (empty unless
+    ``need_alpha``)."""
     E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, _ = _recompute(
         kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, scale, negative_slope)
     H = s.size(1)
     m = torch.full((nd, H), float("-inf"), dtype=cdt, device=s.device)
     m = m.scatter_reduce(0, rows.view(-1, 1).expand(E, H), s, "amax", include_self=True)
     p = torch.exp(s - m[rows])
-    denom = _seg_sum(p, rows, nd) + 1e-16
-    lse = torch.where(torch.isfinite(m), m + torch.log(denom), m)
-    alpha = p / denom[rows]
+    denom = _seg_sum(p, rows, nd)
+    # saved statistics [2, N_dst, H]: the row max m and log(l) apart, so that the
+    # backward's exponent (s - m) - log(l) has an error independent of |m|
+    log_l = torch.where(denom > 0, torch.log(denom), denom.new_zeros(()))
+    lse = torch.stack([m, log_l])
+    alpha = p / (denom + 1e-16)[rows]
     if dropout_p > 0.0:
         keep = dropout_keep(seed, E, H, dropout_p, s.device)
         alpha = alpha * keep / (1.0 - dropout_p)
@@ -179,7 +193,7 @@ def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Ten
     out_dtype = value.dtype if (value is not None and kind != GATV2) else src_feat.dtype
     alpha_out = _edge_orig(alpha, perm).to(out_dtype) if need_alpha else \
         s.new_empty((0,), dtype=out_dtype)
-    return out.to(out_dtype), lse.to(torch.float32 if cdt == torch.float32 else cdt), alpha_out
+    return out.to(out_dtype), lse, alpha_out
 
 
 def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor],
@@ -188,13 +202,15 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
                        negative_slope: float, dropout_p: float, seed: int, out: Tensor,
                        lse: Tensor, grad_out: Tensor) -> List[Tensor]:
     """Explicit backward: ``[d_dst, d_src, d_value, d_edge, d_att]`` (empty when
-    the input is absent), recomputing alpha from ``lse``."""
+    the input is absent), recomputing ``alpha = exp((s - m) - log(l))`` from the
+    forward's ``lse = [m, log(l)]``."""
     E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, aux = _recompute(
         kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, scale, negative_slope)
     ns = src_feat.size(0)
     dout, outf = grad_out.to(cdt), out.to(cdt)
     H = dout.size(1)
-    alpha = torch.exp(s - lse.to(cdt)[rows])
+    lse = lse.to(cdt)
+    alpha = torch.exp((s - lse[0][rows]) - lse[1][rows])
     keep = torch.ones_like(alpha)
     if dropout_p > 0.0:
         keep = dropout_keep(seed, E, H, dropout_p, s.device).to(cdt) / (1.0 - dropout_p)

@@ -137,3 +137,30 @@ def test_bad_feature_shapes_raise():
         ops.gat_attention(g, inp["val"], inp["src"], inp["dst"], dropout=1.5)
     with pytest.raises(ValueError, match="a_edge"):
         ops.gat_attention(g, inp["val"], inp["src"], inp["dst"], torch.randn(3, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_saved_statistics_format(dtype):
+    """``lse [2, N_dst, H]``: the row max m of the scores (-inf for an empty
+    row) and log(sum_j exp(s_ij - m)) (0 for an empty row), float32 unless the
+    inputs are float64 (notes/lse.md)."""
+    from pyg_dfgnn.ops import fused
+    from _cases import op_args
+    ei = random_graph(12, 10, 40, self_loops=False)  # destination 9 has no edges
+    g = get_graph(ei, (12, 10))
+    inp = make_inputs(R.DOT, 12, 10, ei.size(1), 3, 4, dtype, "cpu", True)
+    out, lse, _ = fused.attention_fwd(*op_args(R.DOT, g, inp, scale=0.5))
+    assert lse.shape == (2, 10, 3) and lse.dtype == (
+        torch.float64 if dtype == torch.float64 else torch.float32)
+    d = {k: (v.double() if v is not None else None) for k, v in inp.items()}
+    s = (d["dst"][ei[1]] * (d["src"][ei[0]] + d["edge"])).sum(-1) * 0.5
+    for i in range(10):
+        rows = s[ei[1] == i]
+        if rows.numel() == 0:
+            assert (lse[0, i] == float("-inf")).all() and (lse[1, i] == 0).all()
+            continue
+        m = rows.max(0).values
+        tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else {}
+        torch.testing.assert_close(lse[0, i].double(), m, **tol)
+        torch.testing.assert_close(lse[1, i].double(), (rows - m).exp().sum(0).log(), **tol)
+    assert (ei[1] == 9).sum() == 0
