@@ -506,7 +506,7 @@ struct Softmax {
   __device__ __forceinline__ Softmax() { zero_tile<VEC>(acc); }
   // New running max nm: rescale what was accumulated so far.
   __device__ __forceinline__ void rescale(float nm) {
-    const float corr = __expf(m - nm);
+    const float corr = expf(m - nm);
     l *= corr;
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c)
@@ -544,7 +544,7 @@ __device__ __forceinline__ void fwd_lane_edges(const Params<T, I>& p, const Grou
       s = leaky(z, p.slope);
     }
     sm.rescale(fmaxf(sm.m, g.max(s)));
-    const float pe = valid ? __expf(s - sm.m) : 0.f;
+    const float pe = valid ? expf(s - sm.m) : 0.f;
     sm.l += g.sum(pe);
     const float w = valid ? pe * keep_factor(p.drop_p, p.seed, e, p.H, h) : 0.f;
     const int cnt = (int)imin(g.G, it.end - base);
@@ -575,7 +575,7 @@ __device__ __forceinline__ void fwd_group_edges(const Params<T, I>& p, const Gro
     sm.rescale(mx);
 #pragma unroll
     for (int t = 0; t < kBatch<KIND>; ++t) {
-      const float pe = t < b.n ? __expf(b.s[t] - sm.m) : 0.f;
+      const float pe = t < b.n ? expf(b.s[t] - sm.m) : 0.f;
       sm.l += pe;
       sm.add(pe * keep_factor(p.drop_p, p.seed, b.base + t, p.H, h), b.v[t]);
     }
@@ -610,12 +610,12 @@ __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int
   float M = -INFINITY;
   for (int64_t s = s0; s < s1; ++s) M = fmaxf(M, part_m[s * H + h]);
   float L = 0.f;
-  for (int64_t s = s0; s < s1; ++s) L += part_l[s * H + h] * __expf(part_m[s * H + h] - M);
+  for (int64_t s = s0; s < s1; ++s) L += part_l[s * H + h] * expf(part_m[s * H + h] - M);
   const float inv = 1.f / (L + 1e-16f);
   for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
     float a = 0.f;
     for (int64_t s = s0; s < s1; ++s)
-      a += part_acc[(s * H + h) * F + f] * __expf(part_m[s * H + h] - M);
+      a += part_acc[(s * H + h) * F + f] * expf(part_m[s * H + h] - M);
     out[(row * H + h) * F + f] = from_f<T>(a * inv);
   }
   if (threadIdx.x == 0) {
@@ -644,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
     for (int t = 0; t < kBatch<KIND>; ++t)
       if (t < b.n && g.lg == (t & (g.G - 1)))
         p.alpha[b.eo[t] * p.H + h] =
-            from_f<T>(__expf((b.s[t] - m) - logl) * keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h));
+            from_f<T>(expf((b.s[t] - m) - logl) * keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h));
   }
 }
 
@@ -699,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
 #pragma unroll
     for (int t = 0; t < kBatch<KIND>; ++t) {
       const bool ok = t < b.n;
-      const float alpha = ok ? __expf((b.s[t] - m) - logl) : 0.f;
+      const float alpha = ok ? expf((b.s[t] - m) - logl) : 0.f;
       const float kf = ok ? keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h) : 0.f;
       const float dS = alpha * (b.dP[t] * kf - delta);
       float gv;

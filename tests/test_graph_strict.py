@@ -1,0 +1,40 @@
+"""CUDA cache validation modes (pyg_dfgnn.graph.strict_cache): by default a
+CUDA hit is fingerprinted only for unversioned (inference) tensors; strict mode
+fingerprints every hit, catching writes through ``.data``."""
+import pytest
+import torch
+
+from pyg_dfgnn import graph as G
+
+pytestmark = pytest.mark.cuda
+
+
+def test_strict_cache_catches_data_writes_on_cuda():
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]], device="cuda")
+    old = G.strict_cache(True)
+    try:
+        G.clear_cache()
+        g1 = G.get_graph(ei, (4, 4))
+        ei.data[0, 0] = 2                  # bypasses the version counter
+        g2 = G.get_graph(ei, (4, 4))
+        assert g2 is not g1
+        assert G.cache_info()["stale"] >= 1
+        assert 2 in g2.col.tolist()
+    finally:
+        G.strict_cache(old)
+
+
+def test_default_mode_still_checks_inference_tensors_on_cuda():
+    with torch.inference_mode():
+        ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]], device="cuda")
+    G.clear_cache()
+    g1 = G.get_graph(ei, (4, 4))
+    with torch.inference_mode():
+        ei[0, 0] = 2
+    g2 = G.get_graph(ei, (4, 4))
+    assert g2 is not g1
+
+
+def test_strict_cache_returns_previous_setting():
+    old = G.strict_cache(True)
+    assert G.strict_cache(old) is True
