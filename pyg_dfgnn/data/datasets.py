@@ -22,6 +22,7 @@ from typing import Any, Callable, List, Sequence
 
 import torch
 
+from .cache import short_error
 from .sbm import DEFAULT_SIZES, SBMDataset
 
 __all__ = ["DataBundle", "DataError", "load_data", "add_laplacian_pe", "laplacian_pe",
@@ -91,10 +92,13 @@ def _load_sbm(name, root, source, download, sizes, seed, log) -> DataBundle:
             "(needs network) or data.source=generated / auto")
     if use_pyg:
         from torch_geometric.datasets import GNNBenchmarkDataset
-        try:
-            splits = [GNNBenchmarkDataset(root, name, split=s) for s in ("train", "val", "test")]
-        except Exception as e:  # download failure, corrupt files ...
-            raise DataError(f"loading GNNBenchmarkDataset {name} from {root} failed: {e}") from e
+        raw_present = osp.exists(osp.join(root, name, "raw", f"{name}_v2.pt"))
+
+        def make(force_reload=False):
+            return [GNNBenchmarkDataset(root, name, split=s, force_reload=force_reload)
+                    for s in ("train", "val", "test")]
+        splits = _load_pyg(make, f"GNNBenchmarkDataset {name}", root,
+                           osp.join(root, name, "processed"), raw_present or download, log)
         splits = [_subset(ds, n) for ds, n in zip(splits, sizes or (None,) * 3)]
         src = (f"PyG GNNBenchmarkDataset '{name}' from {osp.join(root, name)}"
                + (" (downloaded)" if not present else ""))
@@ -105,18 +109,51 @@ def _load_sbm(name, root, source, download, sizes, seed, log) -> DataBundle:
         full = DEFAULT_SIZES[name]
         sizes = tuple(full[i] if (sizes is None or sizes[i] is None) else int(sizes[i])
                       for i in range(3))
-        log(f"generating {name} with the built-in SBM generator "
-            f"(seed={seed}, {sizes[0]}/{sizes[1]}/{sizes[2]} graphs) under {root} ...")
-        splits = [SBMDataset(root, name, split=s, seed=seed, sizes=sizes)
+        # SBMDataset logs "generating ..." itself, only when it really generates
+        splits = [SBMDataset(root, name, split=s, seed=seed, sizes=sizes, log_fn=log)
                   for s in ("train", "val", "test")]
+        if not any(s.generated for s in splits):
+            log(f"loaded {name} (built-in SBM generator, seed={seed}, "
+                f"{sizes[0]}/{sizes[1]}/{sizes[2]} graphs) from the cache in "
+                f"{splits[0].processed_dir}")
+        why = ("data.source=generated" if source == "generated" else
+               f"the official {name} files were not found under {osp.join(root, name)}")
         src = (f"built-in SBM generator pyg_dfgnn.data.sbm (benchmarking-gnns procedure, "
-               f"seed={seed}; NOT the official {name} files, which were not found under "
-               f"{osp.join(root, name)})")
+               f"seed={seed}; NOT the official {name} data set: {why})")
         categorical, in_dim = True, _SBM_VOCAB[name]
     stats = {"num_graphs": [len(s) for s in splits]}
     return DataBundle(name=name, kind="graphs", num_classes=_SBM_CLASSES[name], in_dim=in_dim,
                       categorical=categorical, metric="mean_class_acc", weighted_loss=True,
                       source=src, train=splits[0], val=splits[1], test=splits[2], stats=stats)
+
+
+def _load_pyg(make: Callable, what: str, root: str, processed_dir: str, can_rebuild: bool,
+              log: Callable[[str], None]):
+    """``make()``; if that fails and the raw files are there, ``make(force_reload=True)``.
+
+    PyG writes its processed files in place, so a run killed while PyG processes
+    leaves a truncated file that every later load trips over.  Such a cache is
+    treated as absent: processed again from the raw files, and logged.
+    """
+    try:
+        return make()
+    except Exception as e:  # download failure, corrupt files ...
+        err = short_error(e)
+        cached = osp.isdir(processed_dir) and any(
+            f.endswith(".pt") for f in os.listdir(processed_dir))
+        if not cached:  # nothing cached to blame: a download / raw-file problem
+            raise DataError(f"loading {what} from {root} failed: {e}") from e
+        if not can_rebuild:
+            raise DataError(f"loading {what} from {root} failed ({err}); the processed files "
+                            f"in {processed_dir} may be damaged and there are no raw files "
+                            "to rebuild them from") from e
+        first = err
+    log(f"{what}: the processed files in {processed_dir} are unreadable ({first}); "
+        "processing the raw files again")
+    try:
+        return make(force_reload=True)
+    except Exception as e:
+        raise DataError(f"loading {what} from {root} failed: {e}") from e
 
 
 def _subset(ds, n):
@@ -136,10 +173,8 @@ def _load_planetoid(name, root, download, normalize, log) -> DataBundle:
             f"Planetoid {name} raw files not found in {raw_dir} (missing: {', '.join(missing)}); "
             "point data.root at a directory holding <Name>/raw (PyG layout) or set "
             "data.download=true")
-    try:
-        ds = Planetoid(root, name)
-    except Exception as e:
-        raise DataError(f"loading Planetoid {name} from {root} failed: {e}") from e
+    ds = _load_pyg(lambda force_reload=False: Planetoid(root, name, force_reload=force_reload),
+                   f"Planetoid {name}", root, osp.join(root, name, "processed"), True, log)
     data = ds[0]
     if normalize:
         from torch_geometric.transforms import NormalizeFeatures

@@ -40,9 +40,11 @@ graph does not depend on how many other graphs are generated and the same
 """
 from __future__ import annotations
 
+import os
 import os.path as osp
+import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -232,15 +234,28 @@ class SBMDataset(InMemoryDataset):
         seed: generator seed (the data set, not the training run).
         sizes: ``(num_train, num_val, num_test)``; defaults to the original
             sizes (PATTERN 10000/2000/2000, CLUSTER 10000/1000/1000).
+        force_reload: regenerate even when the cache files exist.
+        log_fn: called with a one-line message when the splits are generated
+            and when an unreadable cache file is regenerated (default: the
+            latter as a :class:`RuntimeWarning`, the former silently).
 
     The three splits are generated together on first use and cached; the
     file names encode seed and sizes, so different settings never collide.
+    ``pre_transform`` / ``pre_filter`` are applied when the cache is written
+    (pass ``force_reload=True`` after changing them).
+
+    The cache survives interrupted runs: every file is written to a temporary
+    file and renamed into place (:func:`pyg_dfgnn.data.cache.atomic_write`),
+    so a killed generation leaves no truncated cache file, and a cache file
+    that cannot be read anyway (truncated by an older version, corrupted on
+    disk) is treated as absent: it is regenerated and ``log_fn`` says so.
     """
 
     def __init__(self, root: str, name: str = "PATTERN", split: str = "train",
                  seed: int = 0, sizes: Optional[Sequence[int]] = None,
                  transform=None, pre_transform=None, pre_filter=None,
-                 force_reload: bool = False, log: bool = False):
+                 force_reload: bool = False, log: bool = False,
+                 log_fn: Optional[Callable[[str], None]] = None):
         self.name = name.upper()
         if self.name not in DEFAULT_SIZES:
             raise ValueError(f"unknown SBM data set {name!r}; choose PATTERN or CLUSTER")
@@ -252,9 +267,32 @@ class SBMDataset(InMemoryDataset):
         if len(sizes) != 3 or any(int(v) < 0 for v in sizes):
             raise ValueError(f"sizes must be three non-negative ints, got {sizes!r}")
         self.sizes = tuple(int(v) for v in sizes)
+        self.log_fn = log_fn
+        #: True when this instance (re)generated the cache files
+        self.generated = False
+        from .cache import short_error
+        # no ``process`` method: PyG's own processing writes its files in place
+        # (a kill leaves them truncated), so the cache is handled below
         super().__init__(root, transform, pre_transform, pre_filter,
                          force_reload=force_reload, log=log)
-        self.load(self.processed_paths[SPLITS.index(split)])
+        path = self.processed_paths[SPLITS.index(split)]
+        if force_reload or not all(osp.isfile(p) for p in self.processed_paths):
+            self._generate()
+        try:
+            self.load(path)
+        except Exception as e:  # truncated / corrupt file: treat the cache as absent
+            if self.generated:
+                raise
+            self._notify(f"the cached {self.name} split file {path} is unreadable "
+                         f"({short_error(e)}); regenerating it", warn=True)
+            self._generate((split,))
+            self.load(path)
+
+    def _notify(self, msg: str, warn: bool = False) -> None:
+        if self.log_fn is not None:
+            self.log_fn(msg)
+        elif warn:
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     @property
     def raw_file_names(self) -> List[str]:
@@ -269,20 +307,26 @@ class SBMDataset(InMemoryDataset):
         tag = f"seed{self.seed}_n{self.sizes[0]}-{self.sizes[1]}-{self.sizes[2]}_v1"
         return [f"{s}_{tag}.pt" for s in SPLITS]
 
-    def download(self) -> None:  # nothing to download: generated locally
-        pass
-
-    def process(self) -> None:
+    def _generate(self, splits: Sequence[str] = SPLITS) -> None:
+        """Generate ``splits`` (each independent of the others) and write each cache
+        file atomically."""
+        from .cache import atomic_torch_save
+        what = "" if tuple(splits) == SPLITS else f"the {'/'.join(splits)} split of "
+        self._notify(f"generating {what}{self.name} with the built-in SBM generator "
+                     f"(seed={self.seed}, {self.sizes[0]}/{self.sizes[1]}/{self.sizes[2]} "
+                     f"graphs) into {self.processed_dir} ...")
+        os.makedirs(self.processed_dir, exist_ok=True)
         for s, n in zip(SPLITS, self.sizes):
+            if s not in splits:
+                continue
             data_list = generate_split(self.name, s, n, seed=self.seed)
             if self.pre_filter is not None:
                 data_list = [d for d in data_list if self.pre_filter(d)]
             if self.pre_transform is not None:
                 data_list = [self.pre_transform(d) for d in data_list]
-            self.save(data_list, self.processed_paths[SPLITS.index(s)])
+            atomic_torch_save(data_list, self.processed_paths[SPLITS.index(s)],
+                              save=self.save)
+        self.generated = True
 
     def __repr__(self) -> str:
         return f"SBMDataset({self.name}, split={self.split}, n={len(self)}, seed={self.seed})"
-
-
-

@@ -59,6 +59,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .trainer import TrainingError, train
     try:
         train(cfg)
+    except ConfigError as e:  # found at start: device, out_dir, resume vs checkpoint config
+        print(f"dfgnn train: config error: {e}", file=sys.stderr)
+        return 2
     except (DataError, BackendError, TrainingError) as e:
         print(f"dfgnn train: error: {e}", file=sys.stderr)
         return 1

@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import os
+import tempfile
 import re
 import typing
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ import yaml
 
 __all__ = ["ConfigError", "TrainConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
            "SchedulerConfig", "EarlyStoppingConfig", "LogConfig", "CheckpointConfig",
-           "load_config", "config_from_dict", "apply_overrides", "parse_overrides",
+           "load_config", "check_environment", "config_from_dict", "apply_overrides", "parse_overrides",
            "config_to_dict", "describe_schema"]
 
 DATASETS = ("PATTERN", "CLUSTER", "Cora", "CiteSeer", "PubMed",
@@ -166,6 +168,7 @@ class TrainConfig:
 # ----------------------------------------------------------------------------
 # type checking
 # ----------------------------------------------------------------------------
+_MAX_SEED = 2 ** 63 - 1   # torch.manual_seed / torch.Generator take 64-bit seeds
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
@@ -203,11 +206,19 @@ def _coerce(value, tp, key: str):
         if isinstance(value, float) and value.is_integer():
             return int(value)
     elif tp is float:
+        v = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                v = float(value)
+            except OverflowError:  # an int too large for a float
+                v = math.inf
         # YAML 1.1 reads "1e-3" as a string; accept it as a number
-        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
-            return float(value)
+        elif isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+            v = float(value)
+        if v is not None:
+            if not math.isfinite(v):  # .nan / .inf / 1e999 are never meaningful here
+                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+            return v
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -290,16 +301,55 @@ def _validate(cfg: TrainConfig) -> None:
                    ("model.out_heads", m.out_heads), ("model.lap_pe_dim", m.lap_pe_dim),
                    ("optimizer.lr", cfg.optimizer.lr), ("log.every", cfg.log.every)):
         positive(key, v)
-    for key, v in (("data.num_train", d.num_train), ("data.num_val", d.num_val),
-                   ("data.num_test", d.num_test), ("data.num_workers", d.num_workers),
+    for key, v in (("data.num_workers", d.num_workers),
                    ("eval_test_every", cfg.eval_test_every),
                    ("early_stopping.patience", cfg.early_stopping.patience),
                    ("optimizer.weight_decay", cfg.optimizer.weight_decay)):
         positive(key, v, allow_zero=True)
+    for key, v in (("data.num_train", d.num_train), ("data.num_val", d.num_val),
+                   ("data.num_test", d.num_test)):
+        if v is not None and v <= 0:   # an empty split cannot be trained or evaluated on
+            raise ConfigError(f"{key}: must be > 0 (or null = the whole split), got {v}")
+    for key, v in (("time_limit_min", cfg.time_limit_min),
+                   ("scheduler.step_size", cfg.scheduler.step_size),
+                   ("data.num_nodes", d.num_nodes), ("data.num_edges", d.num_edges),
+                   ("data.max_degree", d.max_degree), ("data.num_features", d.num_features)):
+        positive(key, v)
+    for key, v in (("scheduler.patience", cfg.scheduler.patience),
+                   ("scheduler.min_lr", cfg.scheduler.min_lr),
+                   ("early_stopping.min_delta", cfg.early_stopping.min_delta)):
+        positive(key, v, allow_zero=True)
     for key, v in (("model.dropout", m.dropout), ("model.attn_dropout", m.attn_dropout),
-                   ("model.in_dropout", m.in_dropout)):
+                   ("model.in_dropout", m.in_dropout),
+                   ("optimizer.momentum", cfg.optimizer.momentum)):
         if not 0.0 <= v < 1.0:
             raise ConfigError(f"{key}: must be in [0, 1), got {v}")
+    if not 0.0 < cfg.scheduler.factor < 1.0:
+        raise ConfigError(f"scheduler.factor: must be in (0, 1) (the LR is multiplied by it), "
+                          f"got {cfg.scheduler.factor}")
+    for key, v in (("seed", cfg.seed), ("data.gen_seed", d.gen_seed)):
+        if v is not None and not 0 <= v <= _MAX_SEED:
+            raise ConfigError(f"{key}: must be in [0, 2**63 - 1], got {v}")
+    if d.num_classes < 2:
+        raise ConfigError(f"data.num_classes: must be >= 2, got {d.num_classes}")
+    if d.name in ("synthetic_uniform", "synthetic_powerlaw"):
+        n = d.num_nodes
+        if n < 2:
+            raise ConfigError(f"data.num_nodes: must be >= 2 for {d.name}, got {n}")
+        if d.num_edges > n * (n - 1):
+            raise ConfigError(f"data.num_edges: {d.num_edges} exceeds the {n * (n - 1)} "
+                              f"possible edges of a simple graph on data.num_nodes={n}")
+        if d.name == "synthetic_powerlaw":
+            if d.max_degree > n - 1:
+                raise ConfigError(f"data.max_degree: must be <= data.num_nodes - 1 = {n - 1}, "
+                                  f"got {d.max_degree}")
+            if not d.max_degree <= d.num_edges <= d.max_degree * n:
+                raise ConfigError(f"data.num_edges: must be in [data.max_degree, "
+                                  f"data.max_degree * data.num_nodes] = [{d.max_degree}, "
+                                  f"{d.max_degree * n}] for synthetic_powerlaw, "
+                                  f"got {d.num_edges}")
+    if not cfg.out_dir.strip() or not cfg.resolved_out_dir().strip():
+        raise ConfigError(f"out_dir: must be a directory path, got {cfg.out_dir!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise ConfigError(f"device: {cfg.device!r} is not allowed; choose one of: auto, cpu, "
                           "cuda, cuda:N")
@@ -387,21 +437,91 @@ def config_from_dict(raw: Dict[str, Any]) -> TrainConfig:
     return cfg
 
 
+def _read_yaml(path: str) -> Any:
+    """The YAML document in ``path``; every problem is a one-line :class:`ConfigError`."""
+    if not os.path.exists(path):
+        raise ConfigError(f"config file not found: {path}")
+    if os.path.isdir(path):
+        raise ConfigError(f"config path {path} is a directory, not a YAML file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte 0x{data[e.start]:02x} at "
+                          f"offset {e.start}); save the config as UTF-8") from None
+    try:
+        _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML ({' '.join(str(e).split())})") from None
+
+
+def _check_duplicate_keys(node, path: str, prefix: str = "") -> None:
+    """YAML silently keeps the last of two equal keys; a config must not."""
+    if isinstance(node, yaml.MappingNode):
+        seen: Dict[str, int] = {}
+        for k, v in node.value:
+            key = str(k.value) if isinstance(k, yaml.ScalarNode) else None
+            if key is not None and key != "<<":
+                line = k.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(f"{path}: duplicate key '{prefix}{key}' (lines "
+                                      f"{seen[key]} and {line}); keep one of them")
+                seen[key] = line
+            _check_duplicate_keys(v, path, f"{prefix}{key}." if key else prefix)
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            _check_duplicate_keys(v, path, prefix)
+
+
 def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read ``path`` (YAML), apply ``key=value`` overrides, validate."""
     raw: Dict[str, Any] = {}
     if path is not None:
-        if not os.path.exists(path):
-            raise ConfigError(f"config file not found: {path}")
-        with open(path) as f:
-            try:
-                raw = yaml.safe_load(f) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{path}: invalid YAML ({e})") from None
+        raw = _read_yaml(path) or {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
     raw = apply_overrides(raw, parse_overrides(list(overrides)))
     return config_from_dict(raw)
+
+
+def check_environment(cfg: TrainConfig, probe_out_dir: bool = True) -> None:
+    """Checks of ``cfg`` against this machine, run at the start of training.
+
+    * ``device: cuda[:N]`` needs CUDA (and device ``N``);
+    * ``out_dir`` must be writable: it is created and a file is created in it
+      and removed again.  Actually writing (rather than ``os.access``) also
+      catches read-only file systems and works for root, whom permission bits
+      do not stop.
+
+    Raises :class:`ConfigError` naming the key.
+    """
+    dev = cfg.device
+    if dev.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            how = ("this PyTorch build has no CUDA support" if torch.version.cuda is None
+                   else "no CUDA GPU is visible")
+            raise ConfigError(f"device: {dev!r} but CUDA is not available ({how}); use "
+                              "device=auto (CUDA when present) or device=cpu")
+        if ":" in dev:
+            n = torch.cuda.device_count()
+            if int(dev.split(":", 1)[1]) >= n:
+                raise ConfigError(f"device: {dev!r} but this machine has {n} CUDA device(s) "
+                                  f"(cuda:0 .. cuda:{n - 1})")
+    if probe_out_dir:
+        out = cfg.resolved_out_dir()
+        try:
+            os.makedirs(out, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=out, prefix=".dfgnn-write-test-")
+            os.close(fd)
+            os.remove(probe)
+        except OSError as e:
+            raise ConfigError(f"out_dir: cannot write to {out!r} ({e.strerror or e})") from None
 
 
 def config_to_dict(cfg) -> Dict[str, Any]:

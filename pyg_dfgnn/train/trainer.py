@@ -13,7 +13,9 @@ continues exactly as an uninterrupted run would.
 from __future__ import annotations
 
 import copy
+import io
 import json
+import math
 import os
 import platform
 import random
@@ -27,16 +29,38 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from ..data.cache import atomic_torch_save, atomic_write, short_error
 from . import distributed as D
-from .config import TrainConfig, config_to_dict
+from .config import ConfigError, TrainConfig, check_environment, config_to_dict
 from .metrics import ConfusionCounter, weighted_cross_entropy
 from .models import build_model, count_parameters
 
-__all__ = ["train", "environment_info", "TrainingError"]
+__all__ = ["train", "environment_info", "TrainingError", "TrainingDiverged",
+           "RESUMABLE_KEYS"]
 
 
 class TrainingError(RuntimeError):
-    """A problem found before training starts (missing checkpoint, bad resume, ...)."""
+    """A problem that stops a run (missing or unreadable checkpoint, divergence, ...)."""
+
+
+class TrainingDiverged(TrainingError):
+    """The loss became NaN / inf; ``results`` is what was written to results.json."""
+
+    def __init__(self, msg: str, results: Optional[Dict[str, Any]] = None):
+        super().__init__(msg)
+        self.results = results
+
+
+#: Config keys that may differ between a checkpoint and the run resuming it: they
+#: change how long / where / how verbosely the run goes on, not what it computes.
+#: (``device`` changes the hardware, not the maths; the numbers may differ in the
+#: last bits.)  Every other key -- data, model, optimizer, scheduler, seed,
+#: backend, batch_size, checkpoint.monitor, early_stopping.monitor/min_delta --
+#: is fixed by the checkpoint: its weights, optimizer state and history were
+#: produced by those values, so changing them would mislabel or mix two runs.
+RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_dir", "resume",
+                  "device", "name", "eval_test_every", "log.progress", "log.every",
+                  "checkpoint.enabled", "data.num_workers")
 
 
 # ----------------------------------------------------------------------------
@@ -113,9 +137,55 @@ class _Log:
 
 
 def _atomic_save(obj, path: str) -> None:
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    atomic_torch_save(obj, path)
+
+
+def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _read_checkpoint(path: str) -> Dict[str, Any]:
+    """Load a ``dfgnn train`` checkpoint on the CPU; a clear TrainingError otherwise."""
+    if not os.path.isfile(path):
+        raise TrainingError(f"resume: checkpoint not found: {path}")
+    try:
+        # weights_only: a checkpoint is tensors and plain Python values; never run code
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise TrainingError(f"resume: cannot read checkpoint {path} ({short_error(e)}); the "
+                            "file is damaged or not written by dfgnn train") from None
+    need = ("epoch", "model", "optimizer", "config")
+    missing = [k for k in need if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise TrainingError(f"resume: {path} is not a dfgnn train checkpoint (missing: "
+                            f"{', '.join(missing)})")
+    return ckpt
+
+
+def _check_resume_config(cfg: TrainConfig, ckpt: Dict[str, Any], path: str) -> None:
+    """ConfigError naming every key that differs from the checkpoint's and may not."""
+    from .config import TrainConfig as _TC
+    old = _flatten(ckpt["config"])
+    default = _flatten(config_to_dict(_TC()))
+    diffs = []
+    for key, new in _flatten(config_to_dict(cfg)).items():
+        if key in RESUMABLE_KEYS:
+            continue
+        was = old.get(key, default.get(key))  # a key newer than the checkpoint: its default
+        if was != new:
+            diffs.append(f"{key} (checkpoint {was!r}, now {new!r})")
+    if diffs:
+        raise ConfigError(
+            f"resume: the config differs from the one of checkpoint {path} in "
+            f"{', '.join(diffs)}; these keys cannot change on resume (only "
+            f"{', '.join(RESUMABLE_KEYS)} can): set them back or start a new run in "
+            "another out_dir")
 
 
 def _unwrap(model):
@@ -153,12 +223,13 @@ def _make_scheduler(cfg: TrainConfig, opt):
 # the run
 # ----------------------------------------------------------------------------
 class _Run:
-    def __init__(self, cfg: TrainConfig, dist: D.DistInfo):
+    def __init__(self, cfg: TrainConfig, dist: D.DistInfo, resume_ckpt=None):
         self.cfg = cfg
         self.dist = dist
         self.device = dist.device
         self.out_dir = cfg.resolved_out_dir()
         self.main = dist.is_main
+        self.ckpt, self.ckpt_path = resume_ckpt or (None, None)
         if self.main:
             os.makedirs(self.out_dir, exist_ok=True)
         self.log = _Log(os.path.join(self.out_dir, "train.log") if self.main else None,
@@ -326,34 +397,114 @@ class _Run:
             "elapsed_train_s": self.train_time,
         }
 
+    # Crash consistency.  ``checkpoint_last.pt`` is the authoritative state of
+    # the run: besides the weights, optimizer and history of its epoch it embeds,
+    # as bytes, the complete ``checkpoint_best.pt`` that belongs to it
+    # (``best_checkpoint``).  Each epoch writes, each file atomically
+    # (temporary file + os.replace):
+    #     1. checkpoint_best.pt   (only when the epoch improved)
+    #     2. checkpoint_last.pt   (embedding the best file of step 1 or the older one)
+    #     3. results.json         (only at the end of the run)
+    # A kill after any prefix of these writes leaves a consistent state:
+    #   * nothing written: the previous epoch's pair, as before;
+    #   * after 1: checkpoint_best.pt is the best of all *finished* epochs (one
+    #     ahead of checkpoint_last.pt); resuming from checkpoint_last.pt restores
+    #     checkpoint_best.pt from the copy embedded in it, then re-runs the epoch
+    #     (resume is exact), so best weights and best epoch never disagree;
+    #   * after 2: both files describe this epoch.
+    # results.json is written last and names the epochs of the two files it
+    # refers to (``checkpoints``); it is never written for an epoch whose
+    # checkpoints were not written.
+    def _write_checkpoints(self, epoch: int, improved: bool) -> None:
+        state = self._state(epoch)
+        if improved:
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            self.best_file = buf.getvalue()
+            self._write_bytes(os.path.join(self.out_dir, "checkpoint_best.pt"), self.best_file)
+            self.best_file_epoch = epoch
+        state["best_checkpoint"] = self.best_file
+        _atomic_save(state, os.path.join(self.out_dir, "checkpoint_last.pt"))
+        self.last_file_epoch = epoch
+
+    @staticmethod
+    def _write_bytes(path: str, data: bytes) -> None:
+        with atomic_write(path) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(data)
+
+    def _best_bytes(self, ckpt: Dict[str, Any], path: str) -> Optional[bytes]:
+        """The checkpoint_best.pt content that belongs to ``ckpt`` (None: no best yet)."""
+        if ckpt.get("best_checkpoint") is not None:
+            return bytes(ckpt["best_checkpoint"])
+        be = (ckpt.get("best") or {}).get("epoch")
+        if be is None:
+            return None
+        with open(path, "rb") as f:
+            if be == ckpt["epoch"]:  # this file is the state of the best epoch itself
+                return f.read()
+        # a checkpoint of an older version: its best model is a separate file
+        bp = os.path.join(os.path.dirname(path), "checkpoint_best.pt")
+        found = "missing"
+        if os.path.isfile(bp):
+            with open(bp, "rb") as f:
+                data = f.read()
+            try:
+                found = "epoch " + str(torch.load(io.BytesIO(data), map_location="cpu",
+                                                  weights_only=True)["epoch"])
+            except Exception as e:
+                found = f"unreadable: {short_error(e)}"
+            if found == f"epoch {be}":
+                return data
+        raise TrainingError(f"resume: {path} records best epoch {be}, but {bp} does not hold "
+                            f"it ({found}); the best model cannot be restored consistently")
+
     def maybe_resume(self) -> int:
-        """Returns the first epoch to run (1 when starting fresh)."""
-        cfg = self.cfg
-        if cfg.resume in (None, False):
+        """Returns the first epoch to run (1 when starting fresh).
+
+        The checkpoint was read and its config checked (:func:`train`) before
+        any data was loaded; here its state is put into the built model.
+        """
+        if self.ckpt is None:
             return 1
-        path = (os.path.join(self.out_dir, "checkpoint_last.pt") if cfg.resume is True
-                else cfg.resume)
-        if not os.path.isfile(path):
-            raise TrainingError(f"resume: checkpoint not found: {path}")
-        ckpt = torch.load(path, map_location=self.device, weights_only=False)
+        ckpt, path = self.ckpt, self.ckpt_path
         try:
             _unwrap(self.model).load_state_dict(ckpt["model"])
         except RuntimeError as e:
             raise TrainingError(f"resume: checkpoint {path} does not match the model of this "
                                 f"config ({e})") from e
-        self.opt.load_state_dict(ckpt["optimizer"])
-        if self.sched is not None and ckpt.get("scheduler") is not None:
-            self.sched.load_state_dict(ckpt["scheduler"])
+        try:
+            self.opt.load_state_dict(ckpt["optimizer"])
+            if self.sched is not None and ckpt.get("scheduler") is not None:
+                self.sched.load_state_dict(ckpt["scheduler"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise TrainingError(f"resume: the optimizer / scheduler state in {path} does not "
+                                f"match this config ({short_error(e)})") from e
         self.best = ckpt.get("best") or self.best
         self.history = list(ckpt.get("history") or [])
         self.bad_epochs = int(ckpt.get("early_stop_bad_epochs", 0))
         self.train_time = float(ckpt.get("elapsed_train_s", 0.0))
-        best_path = os.path.join(os.path.dirname(path), "checkpoint_best.pt")
-        if os.path.isfile(best_path):
-            self.best_state = torch.load(best_path, map_location=self.device,
-                                         weights_only=False)["model"]
+        best_bytes = self._best_bytes(ckpt, path)
+        if best_bytes is not None:
+            best = torch.load(io.BytesIO(best_bytes), map_location=self.device,
+                              weights_only=True)
+            self.best_state = best["model"]
+            self.best_file, self.best_file_epoch = best_bytes, int(best["epoch"])
+            bp = os.path.join(self.out_dir, "checkpoint_best.pt")
+            if self.main and self.cfg.checkpoint.enabled:
+                on_disk = None
+                if os.path.isfile(bp):
+                    with open(bp, "rb") as f:
+                        on_disk = f.read()
+                if on_disk != best_bytes:  # killed between the two writes, or a new out_dir
+                    self._write_bytes(bp, best_bytes)
+                    self.log(f"restored {bp} to epoch {self.best_file_epoch}, the best epoch "
+                             f"of {path}")
+        self.last_file_epoch = int(ckpt["epoch"]) if os.path.samefile(
+            os.path.dirname(os.path.abspath(path)), self.out_dir) else None
         self.resumed_from = os.path.abspath(path)
         self.log(f"resumed from {path} (epoch {ckpt['epoch']})")
+        self.ckpt = None  # free the memory
         return int(ckpt["epoch"]) + 1
 
     # ---------------------------------------------------------------- main loop
@@ -383,9 +534,13 @@ class _Run:
         self.bad_epochs = 0
         self.train_time = 0.0
         self.resumed_from = None
+        self.best_file: Optional[bytes] = None
+        self.best_file_epoch: Optional[int] = None
+        self.last_file_epoch: Optional[int] = None
         start = self.maybe_resume()
         graphs = self.bundle.kind == "graphs"
         stop_reason = "max epochs"
+        diverged = None
         es = cfg.early_stopping
         es_best = None
         if self.history:
@@ -415,6 +570,18 @@ class _Run:
             if cuda:
                 torch.cuda.synchronize(self.device)
             epoch_time = time.perf_counter() - t0
+            # a NaN / inf loss: the weights are no longer usable.  Stop before this
+            # epoch is recorded or checkpointed (the checkpoints keep the last good
+            # epoch); the losses are all-reduced, so every rank decides the same.
+            bad = [f"{what} is {v}" for what, v in (("training loss", tr["loss"]),
+                                                    ("validation loss", va["loss"]))
+                   if not math.isfinite(v)]
+            if D.any_flag(bool(bad), self.device):
+                diverged = (f"training diverged: the {' and the '.join(bad) or 'loss'} in "
+                            f"epoch {epoch} (non-finite); try a lower optimizer.lr")
+                stop_reason = diverged
+                self.log(f"stopping: {diverged}")
+                break
             self.train_time += epoch_time
             peak = torch.cuda.max_memory_allocated(self.device) if cuda else None
             lr = self.opt.param_groups[0]["lr"]
@@ -450,10 +617,7 @@ class _Run:
                 self.log(line)
 
             if self.main and cfg.checkpoint.enabled:
-                state = self._state(epoch)
-                _atomic_save(state, os.path.join(self.out_dir, "checkpoint_last.pt"))
-                if improved:
-                    _atomic_save(state, os.path.join(self.out_dir, "checkpoint_best.pt"))
+                self._write_checkpoints(epoch, improved)
 
             # ---- stopping rules (decided identically on every rank)
             stop = None
@@ -485,22 +649,33 @@ class _Run:
                 stop_reason = "already complete (resumed at or after the last epoch)"
 
         # ---- final evaluation: last and best model on test
-        final = self._final_eval()
+        final = self._final_eval(last=diverged is None)
         total = time.perf_counter() - t_start
         results = self._results(final, stop_reason, total)
+        results["status"] = "diverged" if diverged else "completed"
         if self.main:
             path = os.path.join(self.out_dir, "results.json")
-            with open(path + ".tmp", "w") as f:
-                json.dump(results, f, indent=2, default=str)
-            os.replace(path + ".tmp", path)
+            with atomic_write(path) as tmp:
+                with open(tmp, "w") as f:
+                    json.dump(results, f, indent=2, default=str)
             m = results["metrics"]
-            self.log(f"done ({stop_reason}) in {total:.1f}s: best epoch {m['best_epoch']}, "
-                     f"val {m['best_val_metric']:.2f}, test {m['test_metric']:.2f} "
-                     f"({self.metric_name}) -> {path}")
+
+            def num(v):
+                return "n/a" if v is None else f"{v:.2f}"
+            self.log(f"{'stopped' if diverged else 'done'} ({stop_reason}) in {total:.1f}s: "
+                     f"best epoch {m['best_epoch']}, val {num(m['best_val_metric'])}, test "
+                     f"{num(m['test_metric'])} ({self.metric_name}) -> {path}")
         self.log.close()
+        if diverged:
+            kept = ((results["checkpoints"] or {}).get("last") or {}).get("epoch")
+            raise TrainingDiverged(
+                diverged + (f"; {os.path.join(self.out_dir, 'checkpoint_last.pt')} keeps "
+                            f"epoch {kept}" if kept else "") + "; see results.json", results)
         return results
 
-    def _final_eval(self) -> Dict[str, Any]:
+    def _final_eval(self, last: bool = True) -> Dict[str, Any]:
+        """Evaluate the last model (unless ``last=False``: its weights diverged) and
+        the best one (None when there is none)."""
         graphs = self.bundle.kind == "graphs"
         model = _unwrap(self.model)
 
@@ -511,7 +686,7 @@ class _Run:
             ev = self.eval_full()
             return {"val": ev["val"], "test": ev["test"]}
 
-        last = evaluate()
+        last = evaluate() if last else None
         if self.best_state is not None:
             current = copy.deepcopy(model.state_dict())
             model.load_state_dict(self.best_state)
@@ -525,20 +700,30 @@ class _Run:
         times = [h["epoch_time_s"] for h in self.history]
         peaks = [h["peak_gpu_mem_bytes"] for h in self.history if h["peak_gpu_mem_bytes"]]
         last_h = self.history[-1] if self.history else {}
+        def get(which, split, key):  # None where that model was not evaluated
+            ev = final[which]
+            return None if ev is None else ev[split][key]
         metrics = {
             "metric": self.metric_name,
             "best_epoch": self.best.get("epoch"),
-            "best_val_metric": final["best"]["val"]["metric"],
-            "best_val_loss": final["best"]["val"]["loss"],
-            "test_metric": final["best"]["test"]["metric"],   # test at the best val epoch
-            "test_loss": final["best"]["test"]["loss"],
+            "best_val_metric": get("best", "val", "metric"),
+            "best_val_loss": get("best", "val", "loss"),
+            "test_metric": get("best", "test", "metric"),   # test at the best val epoch
+            "test_loss": get("best", "test", "loss"),
             "final_epoch": last_h.get("epoch"),
             "final_train_loss": last_h.get("train_loss"),
             "final_train_metric": last_h.get("train_metric"),
-            "final_val_metric": final["last"]["val"]["metric"],
-            "final_test_metric": final["last"]["test"]["metric"],
-            "final_test_loss": final["last"]["test"]["loss"],
+            "final_val_metric": get("last", "val", "metric"),
+            "final_test_metric": get("last", "test", "metric"),
+            "final_test_loss": get("last", "test", "loss"),
         }
+        ckpts = None
+        if self.cfg.checkpoint.enabled:
+            # only files this run's directory really holds, with the epoch of each
+            ckpts = {"last": {"file": "checkpoint_last.pt", "epoch": self.last_file_epoch}
+                     if self.last_file_epoch is not None else None,
+                     "best": {"file": "checkpoint_best.pt", "epoch": self.best_file_epoch}
+                     if self.best_file_epoch is not None else None}
         return {
             "name": self.cfg.name,
             "config": config_to_dict(self.cfg),
@@ -549,6 +734,7 @@ class _Run:
             "metrics": metrics,
             "stop_reason": stop_reason,
             "resumed_from": self.resumed_from,
+            "checkpoints": ckpts,
             "timings": {
                 "total_s": total,
                 "data_s": self.data_time,
@@ -570,8 +756,19 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     (NCCL on CUDA, gloo on CPU); every rank returns the same results, only rank 0
     writes them.
     """
+    # before anything is loaded: the machine (device, writable out_dir) and the
+    # checkpoint to resume from (readable, its config compatible) -- ConfigError /
+    # TrainingError naming the key or file
+    check_environment(cfg, probe_out_dir=int(os.environ.get("RANK", "0")) == 0)
+    resume_ckpt = None
+    if cfg.resume not in (None, False):
+        path = (os.path.join(cfg.resolved_out_dir(), "checkpoint_last.pt")
+                if cfg.resume is True else cfg.resume)
+        ckpt = _read_checkpoint(path)
+        _check_resume_config(cfg, ckpt, path)
+        resume_ckpt = (ckpt, path)
     dist = D.setup(cfg.device)
     try:
-        return _Run(cfg, dist).run()
+        return _Run(cfg, dist, resume_ckpt).run()
     finally:
         D.cleanup()
