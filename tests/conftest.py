@@ -8,6 +8,53 @@ import torch
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "planetoid"
 
 
+def _torch_sparse_state():
+    """``None`` when torch_sparse/torch_scatter are usable, else why not."""
+    try:
+        import torch_scatter  # noqa: F401
+        import torch_sparse  # noqa: F401
+    except Exception as e:
+        return f"not installed ({type(e).__name__}: {e}); pip install --no-build-isolation " \
+               f"torch_scatter torch_sparse"
+    try:
+        import torch_geometric.typing as t
+        if not t.WITH_TORCH_SPARSE:
+            return "installed but not usable by torch_geometric (WITH_TORCH_SPARSE is False)"
+    except Exception as e:  # pragma: no cover
+        return f"unusable ({type(e).__name__})"
+    return None
+
+
+def _optional_parts():
+    lines = []
+    if torch.cuda.is_available():
+        lines.append(f"pyg_dfgnn: CUDA: {torch.cuda.get_device_name()} -> CUDA tests run")
+    else:
+        why = ("this torch is a CPU-only build" if torch.version.cuda is None
+               else "torch.cuda.is_available() is False")
+        lines.append(f"pyg_dfgnn: CUDA: none ({why}) -> tests marked 'cuda' are skipped")
+    sparse = _torch_sparse_state()
+    lines.append("pyg_dfgnn: torch_sparse: " + ("available -> SparseTensor tests run"
+                 if sparse is None else f"{sparse} -> SparseTensor tests are skipped"))
+    lines.append("pyg_dfgnn: shared data: " + (
+        f"{SHARED} -> Cora/CiteSeer tests run" if SHARED.is_dir() else
+        f"{SHARED} is absent (Planetoid raw files; nothing is downloaded) -> Cora/CiteSeer "
+        f"tests are skipped"))
+    return lines
+
+
+def pytest_report_header(config):
+    """One line per optional part: what runs and what is skipped, and why."""
+    return _optional_parts()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """``-q`` hides the header: say it once at the end instead."""
+    if config.option.verbose < 0:
+        for line in _optional_parts():
+            terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -2,7 +2,9 @@
 
 Runs the benchmark sections of a config (see ``configs/bench_default.yaml``)
 and writes the console table, ``results.csv``, ``results.json`` (with the
-environment), ``table.txt``, ``summary.txt`` and PNG plots under ``--out``.
+environment), ``table.txt``, ``summary.txt`` and PNG plots (with matplotlib,
+``pip install "pyg_dfgnn[bench]"``; memory plots on CUDA only) under ``--out``.
+Without a config and without a CUDA GPU it runs the quick CPU suite.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         prog="dfgnn bench", description="Fused attention layers/ops vs native PyG.",
         epilog=USAGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", help="benchmark YAML (default: "
-                   "configs/bench_default.yaml, or configs/bench_quick.yaml with --quick)")
+                   "configs/bench_default.yaml on a CUDA GPU; configs/bench_quick.yaml "
+                   "with --quick or without a GPU)")
     p.add_argument("--quick", action="store_true",
                    help="small CPU run (bench_quick.yaml); with a config: few repeats, "
                         "no torch.compile")
@@ -110,9 +113,13 @@ def _progress(row: Dict[str, Any]) -> None:
           f"f+b {ms('fwdbwd_ms')} ms{extra}", flush=True)
 
 
-def run(cfg: Dict[str, Any], out_dir: str) -> List[Dict[str, Any]]:
+def run(cfg: Dict[str, Any], out_dir: str,
+        written: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Run every enabled section of ``cfg``; writes reports to ``out_dir``
-    after each graph (so an interrupted run keeps what it measured)."""
+    after each graph (so an interrupted run keeps what it measured).
+
+    ``written``, when given, receives ``paths`` (``{kind: path}`` of the files
+    of the last report) and ``notes`` (what was not written, and why)."""
     import torch
 
     device = resolve_device(cfg.get("device", "auto"))
@@ -121,12 +128,13 @@ def run(cfg: Dict[str, Any], out_dir: str) -> List[Dict[str, Any]]:
     if threads:
         torch.set_num_threads(int(threads))
     try:
-        return _run(cfg, out_dir, device)
+        return _run(cfg, out_dir, device, {} if written is None else written)
     finally:
         torch.set_num_threads(old_threads)
 
 
-def _run(cfg: Dict[str, Any], out_dir: str, device) -> List[Dict[str, Any]]:
+def _run(cfg: Dict[str, Any], out_dir: str, device,
+         written: Dict[str, Any]) -> List[Dict[str, Any]]:
     from . import report
     from .graphs import Unavailable, graph_name, load_graph
     from .layers import CompileGate, run_layers
@@ -145,8 +153,11 @@ def _run(cfg: Dict[str, Any], out_dir: str, device) -> List[Dict[str, Any]]:
     public_cfg["source"] = cfg.get("_source")
 
     def dump(final: bool = False):
-        report.write_all(rows, env, public_cfg, out_dir, time.perf_counter() - t_start,
-                         plots=plots and final, errors=settings.errors)
+        notes: List[str] = []
+        written["paths"] = report.write_all(
+            rows, env, public_cfg, out_dir, time.perf_counter() - t_start,
+            plots=plots and final, errors=settings.errors, notes=notes)
+        written["notes"] = notes
 
     print(f"dfgnn bench: {cfg.get('_source')} on {env.get('gpu') or device} "
           f"(torch {env['torch']}, PyG {env['torch_geometric']}), out: {out_dir}", flush=True)
@@ -188,13 +199,49 @@ def _graph_row(spec: Dict[str, Any], status: str) -> Dict[str, Any]:
             "note": ""}
 
 
+def _default_config_note(a: argparse.Namespace) -> Optional[str]:
+    """Plain ``dfgnn bench`` without a CUDA GPU runs the quick CPU suite: the
+    default suite is sized for a GPU (100k-500k node graphs)."""
+    if a.config is not None or a.quick or a.summary:
+        return None
+    if a.device not in (None, "auto", "cpu"):
+        return None
+    import torch
+    if a.device is None or a.device == "auto":
+        if torch.cuda.is_available():
+            return None
+        why = "no CUDA GPU found"
+    else:
+        why = "--device cpu"
+    a.quick = True
+    return (f"note: {why}: running the quick CPU suite (configs/bench_quick.yaml, < 1 min); "
+            f"the default suite is sized for a GPU (100k-500k node graphs). To run it on "
+            f"the CPU anyway: dfgnn bench configs/bench_default.yaml --device cpu")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     if a.summary:
         from .report import print_summary
         return print_summary(a.summary)
+    try:
+        return _main(a)
+    except KeyboardInterrupt:
+        out = getattr(a, "out_dir_used", None)
+        done = out is not None and os.path.isfile(os.path.join(out, "results.json"))
+        print("\ndfgnn bench: interrupted" + (
+            f"; the results of the graphs finished so far are in {out}/ (results.json, "
+            f"table.txt, ...)" if done else "; no graph was finished, nothing written"),
+            file=sys.stderr)
+        return 130
+
+
+def _main(a: argparse.Namespace) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
+    note = _default_config_note(a)
+    if note:
+        print(note, flush=True)
     try:
         cfg = build_config(a)
     except (FileNotFoundError, ValueError) as e:
@@ -204,9 +251,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         "runs", "bench", f"{cfg.get('name', 'bench')}_"
         f"{datetime.datetime.now().strftime('%Y%m%d_%H%M%S')}")
     os.makedirs(out, exist_ok=True)
+    a.out_dir_used = out
     t = time.perf_counter()
+    written: Dict[str, Any] = {}
     try:
-        rows = run(cfg, out)
+        rows = run(cfg, out, written)
     except ValueError as e:  # config errors surfacing while running
         print(f"dfgnn bench: {e}", file=sys.stderr)
         return 2
@@ -216,8 +265,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(format_table(rows))
     print()
     print(format_summary(rows, env))
-    print(f"\nwrote {out}/results.csv, results.json, table.txt, summary.txt"
-          f"{', *.png' if cfg.get('plots', True) else ''} in {time.perf_counter() - t:.1f}s")
+    names = [os.path.basename(p) for p in written.get("paths", {}).values()]
+    print(f"\nwrote {out}/: {', '.join(names)} in {time.perf_counter() - t:.1f}s")
+    for n in written.get("notes", []):
+        print(f"  {n}")
+    if not cfg.get("plots", True):
+        print("  plots: off (--no-plots)")
     return 0
 
 

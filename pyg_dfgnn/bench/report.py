@@ -9,7 +9,9 @@ Files written under the output directory:
 * ``table.txt``     -- the console table;
 * ``summary.txt``   -- the compact summary (one line per graph and case);
 * ``speedup_<section>.png`` / ``memory_<section>.png`` -- speedup vs the
-  section's baseline (native PyG for layers, naive for ops) and peak memory;
+  section's baseline (native PyG for layers, naive for ops) and peak memory
+  (needs matplotlib: ``pip install "pyg_dfgnn[bench]"``; memory plots only
+  when memory was measured, i.e. on CUDA);
 * ``errors.log``    -- tracebacks of contenders that raised (if any).
 
 ``python -m pyg_dfgnn.bench.report DIR`` prints the summary of a finished run.
@@ -322,8 +324,12 @@ def write_json(rows: List[Dict[str, Any]], env: Dict[str, Any], cfg: Dict[str, A
 
 def write_all(rows: List[Dict[str, Any]], env: Dict[str, Any], cfg: Dict[str, Any],
               out_dir: str, elapsed_s: Optional[float] = None, plots: bool = True,
-              errors: Optional[List[str]] = None) -> Dict[str, str]:
-    """Write every report file; returns ``{kind: path}``."""
+              errors: Optional[List[str]] = None,
+              notes: Optional[List[str]] = None) -> Dict[str, str]:
+    """Write every report file; returns ``{kind: path}`` of the files written.
+
+    Plots that were not drawn (matplotlib missing, memory not measured) have
+    no entry; the reason is appended to ``notes`` when given."""
     os.makedirs(out_dir, exist_ok=True)
     add_speedups(rows)
     paths = {"csv": os.path.join(out_dir, "results.csv"),
@@ -341,29 +347,54 @@ def write_all(rows: List[Dict[str, Any]], env: Dict[str, Any], cfg: Dict[str, An
         with open(paths["errors"], "w") as f:
             f.write("\n".join(errors))
     if plots:
-        try:
-            paths.update(plot_all(rows, env, out_dir))
-        except Exception as e:  # a broken matplotlib must not lose the numbers
-            print(f"dfgnn bench: plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
+        if not matplotlib_available():
+            if notes is not None:
+                notes.append('plots skipped: matplotlib is not installed '
+                             '(pip install "pyg_dfgnn[bench]")')
+        else:
+            try:
+                paths.update(plot_all(rows, env, out_dir, notes=notes))
+            except Exception as e:  # a broken matplotlib must not lose the numbers
+                msg = f"plotting failed: {type(e).__name__}: {e}"
+                print(f"dfgnn bench: {msg}", file=sys.stderr)
+                if notes is not None:
+                    notes.append(msg)
     return paths
+
+
+def matplotlib_available() -> bool:
+    """Whether matplotlib can be imported (the ``[bench]`` extra)."""
+    import importlib.util
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 # --------------------------------------------------------------------------- #
 # plots
 # --------------------------------------------------------------------------- #
 
-def plot_all(rows: List[Dict[str, Any]], env: Dict[str, Any], out_dir: str) -> Dict[str, str]:
+def plot_all(rows: List[Dict[str, Any]], env: Dict[str, Any], out_dir: str,
+             notes: Optional[List[str]] = None) -> Dict[str, str]:
+    """Draw the speedup plot of every section, and its memory plot when peak
+    memory was measured (CUDA); returns ``{kind: path}`` of the plots drawn and
+    appends what was skipped, and why, to ``notes``."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     paths = {}
+    no_memory = []
     for section in _sections(rows):
         rs = [r for r in rows if r["section"] == section]
         p = os.path.join(out_dir, f"speedup_{section}.png")
         _plot_speedup(rs, env, p, section)
         paths[f"speedup_{section}"] = p
+        if not any(r.get("fwdbwd_peak_mb") is not None for r in rs):
+            no_memory.append(f"memory_{section}.png")
+            continue
         p = os.path.join(out_dir, f"memory_{section}.png")
         _plot_memory(rs, env, p, section)
         paths[f"memory_{section}"] = p
+    if no_memory and notes is not None:
+        notes.append(f"not drawn: {', '.join(no_memory)} (peak memory is measured on CUDA "
+                     f"devices only)")
     return paths
 
 

@@ -8,12 +8,16 @@
 
 Only names looked up *after* patching see the fused classes: a module that
 already did ``from torch_geometric.nn import GATConv`` keeps PyG's class.
+:func:`patch_pyg` warns when it finds such a name (a module-level attribute
+of the same name bound to PyG's class, outside ``torch_geometric``).
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Dict, Iterator, Tuple
+import sys
+import warnings
+from typing import Dict, Iterator, List, Tuple
 
 __all__ = ["patch_pyg", "unpatch_pyg", "patched", "is_patched", "PATCHED_MODULES"]
 
@@ -38,10 +42,31 @@ def is_patched() -> bool:
     return bool(_originals)
 
 
+def _bound_elsewhere(originals: Dict[str, type]) -> List[str]:
+    """``"module.Name"`` for every loaded module outside torch_geometric/pyg_dfgnn
+    with a module-level attribute ``Name`` that is PyG's original class (e.g.
+    after ``from torch_geometric.nn import GATConv``); these keep PyG's class."""
+    found = []
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or mod_name.split(".")[0] in ("torch_geometric", "pyg_dfgnn"):
+            continue
+        d = getattr(mod, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        for name, orig in originals.items():
+            if d.get(name) is orig:
+                found.append(f"{mod_name}.{name}")
+    return found
+
+
 def patch_pyg() -> None:
     """Replace ``GATConv``, ``GATv2Conv``, ``TransformerConv`` and ``AGNNConv``
     in ``torch_geometric.nn`` and ``torch_geometric.nn.conv`` by the fused
-    subclasses.  Idempotent."""
+    subclasses.  Idempotent.
+
+    Names bound before the call (``from torch_geometric.nn import GATConv`` in
+    an already imported module) still refer to PyG's classes; a warning lists
+    the ones found in loaded modules."""
     layers = _layers()
     for mod_name in PATCHED_MODULES:
         mod = importlib.import_module(mod_name)
@@ -50,6 +75,14 @@ def patch_pyg() -> None:
             if key not in _originals:
                 _originals[key] = getattr(mod, name)
             setattr(mod, name, cls)
+    stale = _bound_elsewhere({n: _originals[("torch_geometric.nn", n)] for n in layers})
+    if stale:
+        more = f" and {len(stale) - 5} more" if len(stale) > 5 else ""
+        warnings.warn(
+            f"patch_pyg(): {', '.join(stale[:5])}{more} were imported from torch_geometric "
+            f"before patching and still refer to PyG's (unfused) layers. Call patch_pyg() "
+            f"before importing that code, or import the layers from pyg_dfgnn.nn.",
+            UserWarning, stacklevel=2)
 
 
 def unpatch_pyg() -> None:

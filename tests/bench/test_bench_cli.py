@@ -23,16 +23,21 @@ def _torch_sparse_usable():
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_quick")
+    import contextlib
+    import io
+
     import torch
     old = torch.get_num_threads()
     torch.set_num_threads(1)
+    stdout = io.StringIO()
     try:
-        rc = dfgnn_main(["bench", "--quick", "--out", str(out)])
+        with contextlib.redirect_stdout(stdout):
+            rc = dfgnn_main(["bench", "--quick", "--out", str(out)])
     finally:
         torch.set_num_threads(old)
     with open(out / "results.json") as f:
         data = json.load(f)
-    return rc, out, data
+    return rc, out, data, stdout.getvalue()
 
 
 def _rows(data, **kw):
@@ -40,14 +45,25 @@ def _rows(data, **kw):
 
 
 def test_quick_run_writes_every_report(quick_run, capsys):
-    rc, out, data = quick_run
+    rc, out, data, stdout = quick_run
     assert rc == 0
-    for name in ("results.csv", "results.json", "table.txt", "summary.txt",
-                 "speedup_layer.png", "memory_layer.png", "speedup_op.png", "memory_op.png"):
+    cuda = data["environment"]["device"].startswith("cuda")
+    pngs = ["speedup_layer.png", "speedup_op.png", "speedup_train.png"]
+    memory = ["memory_layer.png", "memory_op.png", "memory_train.png"]
+    for name in ["results.csv", "results.json", "table.txt", "summary.txt"] + pngs + (
+            memory if cuda else []):
         p = out / name
         assert p.is_file() and p.stat().st_size > 0, name
     with open(out / "speedup_layer.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # the closing line names exactly the files written
+    wrote = [ln for ln in stdout.splitlines() if ln.startswith("wrote ")][-1]
+    for name in pngs:
+        assert name in wrote
+    if not cuda:  # memory is measured on CUDA only: no empty memory plots on the CPU
+        for name in memory:
+            assert not (out / name).exists() and name not in wrote
+        assert "peak memory is measured on CUDA devices only" in stdout
     env = data["environment"]
     for k in ("gpu", "driver", "torch", "torch_geometric", "cuda_runtime", "python"):
         assert k in env
@@ -62,7 +78,7 @@ def test_quick_run_writes_every_report(quick_run, capsys):
 
 
 def test_quick_run_layers(quick_run):
-    _, _, data = quick_run
+    _, _, data, _ = quick_run
     for g in GRAPHS:
         for layer in LAYERS:
             by = {r["contender"]: r for r in _rows(data, section="layer", graph=g, case=layer)}
@@ -83,7 +99,7 @@ def test_quick_run_layers(quick_run):
 
 
 def test_quick_run_ops_and_train(quick_run):
-    _, _, data = quick_run
+    _, _, data, _ = quick_run
     for g in ("uniform_1k", "powerlaw_1k"):
         for op in ("gat", "gatv2", "dot"):
             by = {r["contender"]: r for r in _rows(data, section="op", graph=g, case=op)}
@@ -97,7 +113,7 @@ def test_quick_run_ops_and_train(quick_run):
 
 
 def test_summary_is_printed_last(quick_run, capsys):
-    _, out, _ = quick_run
+    _, out, _, _ = quick_run
     assert dfgnn_main(["bench", "--summary", str(out)]) == 0
     text = capsys.readouterr().out
     assert "base f+b ms" in text and "uniform_1k" in text
@@ -161,3 +177,45 @@ def test_time_budget_skips_the_rest(tmp_path):
     data = json.loads((tmp_path / "o" / "results.json").read_text())
     assert len(data["results"]) == 2 * 2 + 2 + 2
     assert all(r["status"].startswith("skipped: time budget") for r in data["results"])
+
+
+def test_without_matplotlib_no_plot_is_claimed(tmp_path, monkeypatch, capsys):
+    from pyg_dfgnn.bench import report
+    monkeypatch.setattr(report, "matplotlib_available", lambda: False)
+    out = tmp_path / "noplt"
+    rc = dfgnn_main(["bench", "--quick", "--ops", "--graphs", "uniform_1k", "--layers", "gat",
+                     "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert not any(p.endswith(".png") for p in os.listdir(out))
+    wrote = [ln for ln in text.splitlines() if ln.startswith("wrote ")][-1]
+    assert ".png" not in wrote and "results.json" in wrote
+    assert 'pip install "pyg_dfgnn[bench]"' in text
+
+
+def test_plain_bench_without_gpu_runs_the_quick_suite(monkeypatch):
+    import torch
+
+    from pyg_dfgnn.bench import cli
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    a = cli.parse_args([])
+    note = cli._default_config_note(a)
+    assert a.quick and "quick CPU suite" in note and "bench_default.yaml" in note
+    assert cli.build_config(a)["name"] == "quick"
+    for argv in (["--quick"], ["configs/bench_default.yaml"], ["--device", "cuda"]):
+        a = cli.parse_args(argv)
+        assert cli._default_config_note(a) is None, argv
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    a = cli.parse_args([])
+    assert cli._default_config_note(a) is None and not a.quick
+
+
+def test_ctrl_c_is_a_clean_exit(tmp_path, monkeypatch, capsys):
+    from pyg_dfgnn.bench import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "run", interrupted)
+    assert dfgnn_main(["bench", "--quick", "--out", str(tmp_path / "x")]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err

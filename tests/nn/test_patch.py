@@ -77,3 +77,24 @@ def test_patched_model_is_ours_and_equivalent():
     x = torch.randn(7, 6)
     ei = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 0]])
     torch.testing.assert_close(ours(x, ei), ref(x, ei), rtol=1e-5, atol=1e-6)
+
+
+def test_warns_about_names_bound_before_patching():
+    import sys
+    import types
+    import warnings
+    mod = types.ModuleType("user_model_module")
+    mod.GATConv = ORIGINAL["GATConv"]          # as after `from torch_geometric.nn import GATConv`
+    sys.modules[mod.__name__] = mod
+    try:
+        with pytest.warns(UserWarning, match=r"user_model_module\.GATConv.*still refer"):
+            patch_pyg()
+        assert mod.GATConv is ORIGINAL["GATConv"]  # documented: not patched
+        unpatch_pyg()
+        mod.GATConv = dnn.GATConv                   # bound to ours: nothing to warn about
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            patch_pyg()
+        assert not any("user_model_module" in str(w.message) for w in caught)
+    finally:
+        del sys.modules[mod.__name__]

@@ -1,6 +1,7 @@
 """End-to-end ``dfgnn train`` runs on CPU: results.json, checkpoints, resume, errors."""
 import functools
 import json
+import os
 import subprocess
 import sys
 
@@ -303,3 +304,58 @@ def test_fused_and_pyg_training_runs_match(tmp_path, tiny_args):
     tol = 8 * steps * e1
     for ha, hb in zip(a["history"], b["history"]):
         assert _rel(hb["train_loss"], ha["train_loss"]) <= tol, (ha["epoch"], e1, tol)
+
+
+# ----------------------------------------------------------------------------
+# the command line around a run: existing out_dir, Ctrl-C, option hints
+# ----------------------------------------------------------------------------
+def test_a_finished_run_is_not_overwritten(tmp_path, tiny_args, capsys):
+    args = tiny_args("epochs=1", "backend=pyg", "data.num_train=8")
+    assert main(args) == 0
+    run = tmp_path / "run"
+    before = (run / "results.json").read_text()
+    capsys.readouterr()
+    assert main(args + ["backend=fused"]) == 2          # e.g. the other backend, same dir
+    err = capsys.readouterr().err
+    assert "out_dir" in err and "finished run" in err and "--overwrite" in err
+    assert "resume=true" in err
+    assert (run / "results.json").read_text() == before
+    # --overwrite replaces the run: a fresh log, not the old one with the new appended
+    assert main(args + ["--overwrite"]) == 0
+    assert (run / "train.log").read_text().count("dfgnn train:") == 1
+
+
+def test_an_unfinished_run_is_not_restarted_by_accident(tmp_path, tiny_args, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint_last.pt").write_bytes(b"x")
+    assert main(tiny_args("epochs=1", "backend=pyg")) == 2
+    assert "unfinished run" in capsys.readouterr().err
+    assert (run / "checkpoint_last.pt").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_ctrl_c_suggests_resume_only_with_a_checkpoint(tmp_path, tiny_args, monkeypatch,
+                                                        capsys, checkpoint):
+    from pyg_dfgnn.train import trainer
+
+    def interrupted(cfg):
+        if checkpoint:  # interrupted after the first epoch's checkpoint
+            os.makedirs(cfg.resolved_out_dir(), exist_ok=True)
+            open(os.path.join(cfg.resolved_out_dir(), "checkpoint_last.pt"), "wb").close()
+        raise KeyboardInterrupt
+    monkeypatch.setattr(trainer, "train", interrupted)
+    assert main(tiny_args("epochs=1", "backend=pyg")) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
+    assert ("resume=true" in err) is checkpoint, err
+
+
+def test_dashed_option_hints_at_key_value(capsys):
+    cfg = str(CONFIGS / "pattern_gat_quick.yaml")
+    for argv, hint in (([cfg, "--epochs", "2"], "epochs=2"),
+                       ([cfg, "--model.heads=8"], "model.heads=8"),
+                       ([cfg, "--out-dir", "x"], "out_dir=x")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "unknown option" in err and hint in err, err
