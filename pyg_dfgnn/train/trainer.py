@@ -178,9 +178,8 @@ def _read_checkpoint(path: str) -> Dict[str, Any]:
 
 def _check_resume_config(cfg: TrainConfig, ckpt: Dict[str, Any], path: str) -> None:
     """ConfigError naming every key that differs from the checkpoint's and may not."""
-    from .config import TrainConfig as _TC
     old = _flatten(ckpt["config"])
-    default = _flatten(config_to_dict(_TC()))
+    default = _flatten(config_to_dict(TrainConfig()))
     diffs = []
     for key, new in _flatten(config_to_dict(cfg)).items():
         if key in RESUMABLE_KEYS:
