@@ -24,8 +24,8 @@ import yaml
 
 __all__ = ["ConfigError", "TrainConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
            "SchedulerConfig", "EarlyStoppingConfig", "LogConfig", "CheckpointConfig",
-           "load_config", "check_environment", "config_from_dict", "apply_overrides", "parse_overrides",
-           "config_to_dict", "describe_schema"]
+           "load_config", "check_environment", "config_from_dict", "apply_overrides",
+           "parse_overrides", "config_to_dict", "describe_schema"]
 
 DATASETS = ("PATTERN", "CLUSTER", "Cora", "CiteSeer", "PubMed",
             "synthetic_uniform", "synthetic_powerlaw")

@@ -2,9 +2,17 @@
 
 One :func:`train` call: resolve device / DDP, load the data (logging its
 source), build the model on the chosen backend, then per epoch train, validate,
-step the scheduler, log one line, write ``checkpoint_last.pt`` (and
-``checkpoint_best.pt`` on improvement) and finally evaluate the best model on
+step the scheduler, log one line, write ``checkpoint_best.pt`` (on
+improvement) and ``checkpoint_last.pt`` and finally evaluate the best model on
 the test split and write ``results.json``.  Only rank 0 writes files or logs.
+Every file is written atomically and a kill between the writes leaves a
+consistent run (see ``_Run._write_checkpoints``).
+
+Before anything is loaded, :func:`train` checks the machine (device, writable
+``out_dir``) and, on resume, that the checkpoint is readable and that only
+:data:`RESUMABLE_KEYS` differ from its config.  A NaN / inf loss stops the run
+(:class:`TrainingDiverged`, results.json ``status: diverged``) without
+checkpointing the diverged epoch.
 
 Reproducibility: the randomness of epoch ``e`` (shuffling, dropout, LapPE sign
 flips) is seeded from ``(seed, e, rank)``, so resuming from a checkpoint
@@ -170,9 +178,8 @@ def _read_checkpoint(path: str) -> Dict[str, Any]:
 
 def _check_resume_config(cfg: TrainConfig, ckpt: Dict[str, Any], path: str) -> None:
     """ConfigError naming every key that differs from the checkpoint's and may not."""
-    from .config import TrainConfig as _TC
     old = _flatten(ckpt["config"])
-    default = _flatten(config_to_dict(_TC()))
+    default = _flatten(config_to_dict(TrainConfig()))
     diffs = []
     for key, new in _flatten(config_to_dict(cfg)).items():
         if key in RESUMABLE_KEYS:
@@ -500,8 +507,15 @@ class _Run:
                     self._write_bytes(bp, best_bytes)
                     self.log(f"restored {bp} to epoch {self.best_file_epoch}, the best epoch "
                              f"of {path}")
-        self.last_file_epoch = int(ckpt["epoch"]) if os.path.samefile(
-            os.path.dirname(os.path.abspath(path)), self.out_dir) else None
+        same_dir = os.path.dirname(os.path.abspath(path)) == os.path.abspath(self.out_dir)
+        if not same_dir and self.main:
+            try:
+                same_dir = os.path.samefile(os.path.dirname(os.path.abspath(path)),
+                                            self.out_dir)
+            except OSError:
+                pass
+        # the out_dir's own checkpoint_last.pt, until this run writes one
+        self.last_file_epoch = int(ckpt["epoch"]) if same_dir else None
         self.resumed_from = os.path.abspath(path)
         self.log(f"resumed from {path} (epoch {ckpt['epoch']})")
         self.ckpt = None  # free the memory
@@ -700,6 +714,7 @@ class _Run:
         times = [h["epoch_time_s"] for h in self.history]
         peaks = [h["peak_gpu_mem_bytes"] for h in self.history if h["peak_gpu_mem_bytes"]]
         last_h = self.history[-1] if self.history else {}
+
         def get(which, split, key):  # None where that model was not evaluated
             ev = final[which]
             return None if ev is None else ev[split][key]

@@ -175,7 +175,8 @@ def test_synthetic_graph_sizes_are_checked(capsys, tmp_path):
     _expect_config_error(capsys, base + ["data.num_nodes=10", "data.max_degree=5",
                                          "data.num_edges=200"], "data.num_edges", "90")
     _expect_config_error(capsys, base + ["data.num_nodes=10", "data.max_degree=20",
-                                         "data.num_edges=50"], "data.max_degree", "<= data.num_nodes - 1 = 9")
+                                         "data.num_edges=50"],
+                         "data.max_degree", "<= data.num_nodes - 1 = 9")
     _expect_config_error(capsys, base + ["data.num_nodes=1"], "data.num_nodes", ">= 2")
 
 
