@@ -132,9 +132,16 @@ class FusedAttentionMixin:
         return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
 
     def _fused_merge_heads(self, out: Tensor, res: Optional[Tensor]) -> Tensor:
-        """GAT/GATv2 epilogue: concat or average heads, residual, bias."""
+        """GAT/GATv2 epilogue: concat or average heads, residual, bias.  ``out``
+        may be in the kernels' padded head width (:mod:`._padded`): its real
+        columns are sliced out in the pass that adds the bias."""
+        H, C = self.heads, self.out_channels
+        if out.size(-1) != C:
+            out = out[..., :C]
+            if self.concat and self.bias is not None and res is None:
+                return (out + self.bias.view(H, C)).view(-1, H * C)
         if self.concat:
-            out = out.view(-1, self.heads * self.out_channels)
+            out = out.reshape(-1, H * C)
         else:
             out = out.mean(dim=1)
         if res is not None:

@@ -9,6 +9,7 @@ from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from ..ops import gat_attention
+from ._padded import kernel_width, padded_linear, unpad
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, resolve_adjacency)
 
@@ -91,7 +92,12 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             assert x.dim() == 2, "Static graphs not supported in 'GATConv'"
             if self.res is not None:
                 res = self.res(x)
-            if self.lin is not None:
+            width = kernel_width(C, x)
+            padded = padded_linear(self.lin, x, H, C, width) if width != C else None
+            if padded is not None:
+                # value rows in the kernels' padded head width (nn/_padded.py)
+                x_src = x_dst = padded
+            elif self.lin is not None:
                 x_src = x_dst = self.lin(x).view(-1, H, C)
             else:
                 assert self.lin_src is not None and self.lin_dst is not None
@@ -124,9 +130,9 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             if x_dst is not None and x_in_dst is not None:
                 alpha_dst = _folded_logits(lin_d, x_in_dst, (self.att_dst,))
         if alpha_src is None:
-            alpha_src = (x_src * self.att_src).sum(dim=-1)
+            alpha_src = (unpad(x_src, C) * self.att_src).sum(dim=-1)
         if alpha_dst is None and x_dst is not None:
-            alpha_dst = (x_dst * self.att_dst).sum(-1)
+            alpha_dst = (unpad(x_dst, C) * self.att_dst).sum(-1)
 
         # The annotations below mirror PyG's: its Inspector caches class sources by
         # class *name*, so the templates of PyG's own propagate/edge_updater (used

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
+import torch
 from torch import Tensor
 from torch_geometric.nn.conv.gatv2_conv import GATv2Conv as _PyGGATv2Conv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
 from ..ops import gatv2_attention
+from ._padded import kernel_width, padded_linear
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, implied_edge_attr, resolve_adjacency)
 
@@ -55,8 +57,19 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         x_l: OptTensor = None
         x_r: OptTensor = None
 
-        # Node transformations, verbatim from PyG:
-        if isinstance(x, Tensor):
+        # Node transformations, verbatim from PyG (in the kernels' padded head
+        # width where C is not a multiple of the CUDA vector: nn/_padded.py)
+        width = kernel_width(C, x if isinstance(x, Tensor) else x[0])
+        if isinstance(x, Tensor) and width != C:
+            assert x.dim() == 2
+            if self.res is not None:
+                res = self.res(x)
+            x_l = padded_linear(self.lin_l, x, H, C, width)
+            x_r = x_l if self.share_weights else padded_linear(self.lin_r, x, H, C, width)
+        if x_l is not None and x_r is not None:
+            pass
+        elif isinstance(x, Tensor):
+            width = C
             assert x.dim() == 2
             if self.res is not None:
                 res = self.res(x)
@@ -66,6 +79,7 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
             else:
                 x_r = self.lin_r(x).view(-1, H, C)
         else:
+            width = C
             x_l, x_r = x[0], x[1]
             assert x[0].dim() == 2
             if x_r is not None and self.res is not None:
@@ -94,8 +108,13 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         x_edge: Optional[Tensor] = None
         if adj.edge_attr is not None:
             x_edge = self._fused_edge_features(adj.edge_attr)
+        att = self.att
+        if width != C:
+            att = torch.nn.functional.pad(att, (0, width - C))
+            if x_edge is not None:
+                x_edge = torch.nn.functional.pad(x_edge, (0, width - C))
 
-        x_l, x_r, att, x_edge = common_dtype(x_l, x_r, self.att, x_edge)
+        x_l, x_r, att, x_edge = common_dtype(x_l, x_r, att, x_edge)
         out, alpha = gatv2_attention(adj.graph, x_l, x_r, att, x_edge,
                                      self.negative_slope, self._fused_dropout,
                                      bool(return_attention_weights))

@@ -13,6 +13,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 from ..ops import dot_attention
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
+from ._padded import kernel_width, padded_linear, unpad
 
 
 class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
@@ -53,11 +54,61 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
     ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
         r"""Runs the forward pass of the module (PyG's, with a fused
         :meth:`propagate`)."""
+        if return_attention_weights is None:
+            out = self._padded_forward(x, edge_index, edge_attr)
+            if out is not None:
+                return out
         self._fused_need_alpha = isinstance(return_attention_weights, bool)
         try:
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
         finally:
             self._fused_need_alpha = False
+
+    def _padded_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
+                        edge_attr: OptTensor) -> Optional[Tensor]:
+        """PyG's ``forward`` with the projections written in the kernels'
+        padded head width (:mod:`pyg_dfgnn.nn._padded`), for head widths that
+        are not a multiple of the CUDA vector (8 x 10, 8 x 19, ...); ``None``
+        where it does not apply (PyG's ``forward`` + the fused
+        :meth:`propagate` run instead)."""
+        xs = (x, x) if isinstance(x, Tensor) else x
+        if not (isinstance(xs[0], Tensor) and isinstance(xs[1], Tensor)):
+            return None
+        H, C = self.heads, self.out_channels
+        width = kernel_width(C, xs[0])
+        if width == C or self._fused_fallback_reason(xs[0], xs[1]) is not None:
+            return None
+        if self.lin_edge is None and implied_edge_attr(edge_index, edge_attr) is not None:
+            return None
+        q = padded_linear(self.lin_query, xs[1], H, C, width)
+        k = padded_linear(self.lin_key, xs[0], H, C, width)
+        v = padded_linear(self.lin_value, xs[0], H, C, width)
+        if q is None or k is None or v is None:
+            return None
+        adj = resolve_adjacency(edge_index, None, k.size(0), q.size(0),
+                                edge_attr=edge_attr, use_edge_attr=self.lin_edge is not None)
+        edge: Optional[Tensor] = None
+        if self.lin_edge is not None:
+            assert adj.edge_attr is not None
+            edge = padded_linear(self.lin_edge, adj.edge_attr, H, C, width)
+            if edge is None:
+                return None
+        q, k, v, edge = common_dtype(q, k, v, edge)
+        out, _ = dot_attention(adj.graph, q, k, v, edge, 1.0 / math.sqrt(C),
+                               self._fused_dropout, False)
+        out = unpad(out, C)   # [N, H, C] view of the padded result
+        if self.concat and self.root_weight and self.lin_beta is None:
+            # slice + skip connection in one pass
+            return (out + self.lin_skip(xs[1]).view(-1, H, C)).view(-1, H * C)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if self.root_weight:
+            x_r = self.lin_skip(xs[1])
+            if self.lin_beta is not None:
+                beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
+                out = beta * x_r + (1 - beta) * out
+            else:
+                out = out + x_r
+        return out
 
     def propagate(self, edge_index: Adj, size: Optional[Tuple[int, int]] = None,
                   **kwargs: Any) -> Tensor:

@@ -1,0 +1,71 @@
+"""Projections in the kernels' padded head width (pyg_dfgnn/nn/_padded.py).
+
+On CUDA, head widths that are not a multiple of the vector (8 x 10, 8 x 19)
+are produced padded by the layers, so the op copies nothing.  The padded path
+is forced here on CPU (``kernel_width`` patched) and compared in float64 with
+PyG's own layer: output and every gradient, for the options that touch the
+epilogue (concat, mean, root weight, beta, residual, bias, edge features)."""
+import pytest
+import torch
+import torch_geometric.nn as pygnn
+
+import pyg_dfgnn.nn as dnn
+from pyg_dfgnn.nn import _padded, gat_conv, gatv2_conv, transformer_conv
+from pyg_dfgnn.schedule import padded_width
+
+CASES = [
+    ("TransformerConv", dict(out_channels=10, heads=8)),
+    ("TransformerConv", dict(out_channels=19, heads=2, concat=False, beta=True, edge_dim=3)),
+    ("TransformerConv", dict(out_channels=10, heads=3, root_weight=False)),
+    ("GATv2Conv", dict(out_channels=10, heads=8)),
+    ("GATv2Conv", dict(out_channels=19, heads=2, edge_dim=3, share_weights=True)),
+    ("GATv2Conv", dict(out_channels=19, heads=2, concat=False, residual=True)),
+    ("GATv2Conv", dict(out_channels=10, heads=2, bias=False)),
+    ("GATConv", dict(out_channels=10, heads=8)),
+    ("GATConv", dict(out_channels=19, heads=2, edge_dim=3, concat=False)),
+    ("GATConv", dict(out_channels=10, heads=2, residual=True, bias=False)),
+]
+
+
+@pytest.fixture
+def force_padding(monkeypatch):
+    calls = []
+
+    def width(chans, x):
+        calls.append(chans)
+        return padded_width(chans, torch.float32)
+    for mod in (transformer_conv, gatv2_conv, gat_conv):
+        monkeypatch.setattr(mod, "kernel_width", width)
+    return calls
+
+
+@pytest.mark.parametrize("cls,kw", CASES)
+def test_padded_projection_matches_pyg_in_float64(cls, kw, force_padding):
+    torch.manual_seed(0)
+    ei = torch.randint(0, 50, (2, 300))
+    kw = dict(in_channels=16, **kw)
+    ref = getattr(pygnn, cls)(**kw).double()
+    ours = getattr(dnn, cls)(**kw).double()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    args = (x, ei) + ((torch.randn(300, 3, dtype=torch.float64),) if kw.get("edge_dim") else ())
+    a, b = ref(*args), ours(*args)
+    assert force_padding, "the padded path was not taken"
+    torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+    go = torch.randn_like(a)
+    ga = torch.autograd.grad(a, [x] + list(ref.parameters()), go, allow_unused=True)
+    gb = torch.autograd.grad(b, [x] + list(ours.parameters()), go, allow_unused=True)
+    for (name, _), u, v in zip([("x", None)] + list(ref.named_parameters()), ga, gb):
+        assert (u is None) == (v is None), name
+        if u is not None:
+            torch.testing.assert_close(v, u, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_padded_linear_layout():
+    lin = torch.nn.Linear(6, 2 * 3)
+    x = torch.randn(4, 6)
+    y = _padded.padded_linear(lin, x, 2, 3, 4)
+    assert y.shape == (4, 2, 4)
+    assert torch.equal(y[..., 3], torch.zeros(4, 2))
+    torch.testing.assert_close(y[..., :3], lin(x).view(4, 2, 3))
+    assert _padded.kernel_width(10, x) == 10          # CPU: nothing padded
