@@ -148,6 +148,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("dfgnn: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `dfgnn train --schema | head`: no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 def _main(argv: List[str]) -> int:
