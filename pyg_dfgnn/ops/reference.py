@@ -29,8 +29,12 @@ inputs).  The backward recomputes :math:`\alpha_{ij} = \exp((s_{ij} - m_i) -
 does not grow with :math:`|m_i|` (a single logsumexp :math:`m_i + \log l_i`
 rounded to float32 would lose :math:`\log l_i` at large logits), then
 (FlashAttention-2 style):
-:math:`\Delta_i = \langle dO_i, O_i\rangle`,
-:math:`dS_{ij} = \alpha_{ij}(dP_{ij}\,\mathrm{keep}_{ij}/(1-p) - \Delta_i)`.
+:math:`dS_{ij} = \alpha_{ij}(dP_{ij}\,\mathrm{keep}_{ij}/(1-p) - \Delta_i)` with
+:math:`\Delta_i = \sum_j \tilde\alpha_{ij} dP_{ij}` (mathematically
+:math:`\langle dO_i, O_i\rangle`, but summed from the recomputed terms so that
+:math:`\sum_j dS_{ij}` cancels to rounding of the terms themselves: with
+:math:`\langle dO_i, O_i\rangle` from the stored float32 ``O``, a nearly
+saturated row's :math:`dS` had ~100x PyG's error).
 
 Attention dropout draws its mask from a counter-based Philox4x32-10 stream
 keyed by ``seed`` and indexed by ``csr_position * H + head``, so forward and
@@ -207,7 +211,7 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
     E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, aux = _recompute(
         kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, scale, negative_slope)
     ns = src_feat.size(0)
-    dout, outf = grad_out.to(cdt), out.to(cdt)
+    dout = grad_out.to(cdt)  # (``out`` is not needed: Delta is summed from the terms)
     H = dout.size(1)
     lse = lse.to(cdt)
     alpha = torch.exp((s - lse[0][rows]) - lse[1][rows])
@@ -216,7 +220,8 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
         keep = dropout_keep(seed, E, H, dropout_p, s.device).to(cdt) / (1.0 - dropout_p)
     v = _value_csr(kind, col_l, src_f, val_f, edge_f)
     dP = (dout[rows] * v).sum(-1)
-    delta = (dout * outf).sum(-1)
+    # Delta = sum_j alpha~ dP (not <dO, O>: see the module docstring)
+    delta = _seg_sum(alpha * keep * dP, rows, nd)
     dS = alpha * (dP * keep - delta[rows])
     d_v_edge = (alpha * keep).unsqueeze(-1) * dout[rows]  # grad of value_csr [E, H, F]
     def empty():  # distinct objects: custom-op outputs must not alias
