@@ -84,7 +84,7 @@ at::Tensor fit(const at::Tensor& t, int64_t fp) {
 }
 
 at::Tensor unfit(const at::Tensor& t, int64_t F) {
-  return (t.defined() && t.numel() && t.size(-1) != F) ? t.narrow(-1, 0, F).contiguous() : t;
+  return (t.defined() && t.dim() > 0 && t.size(-1) != F) ? t.narrow(-1, 0, F).contiguous() : t;
 }
 
 // Width of the kernel's feature rows and the original one; pads in place.
@@ -186,7 +186,7 @@ std::vector<at::Tensor> attention_bwd(
   else bwd_dot(g, f, s, bi, o);
   // gradients in the caller's widths (the padded columns are dropped)
   auto back = [](const at::Tensor& g, const at::Tensor& like) {
-    return like.defined() && g.numel() ? unfit(g, like.size(-1)) : g;
+    return like.defined() && g.dim() == like.dim() ? unfit(g, like.size(-1)) : g;
   };
   return {back(o.d_dst, orig.dst), back(o.d_src, orig.src), back(o.d_val, orig.val),
           back(o.d_edge, orig.edge), back(o.d_att, orig.att)};
