@@ -762,7 +762,10 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
 
   // second sweep when Delta's error amax |delta - exact| exceeds 64 roundoffs
   // of the largest dS of the row
-  if (pass == 1 || slot >= 0 || !(amax * fabsf(delta_exact - delta) > 64.f * kRoundoff * dmax))
+  // (wide rows, whose launch columns each sum the scalars in their own order,
+  // could disagree on the test: they keep one sweep)
+  if (pass == 1 || slot >= 0 || ft.wide ||
+      !(amax * fabsf(delta_exact - delta) > 64.f * kRoundoff * dmax))
     break;
   delta = delta_exact;
   }

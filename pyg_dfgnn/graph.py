@@ -174,12 +174,23 @@ def _check_edge_index(edge_index: Tensor) -> None:
                          f"small ones are widened to int64), got {edge_index.dtype}")
 
 
+def plain(t: Tensor) -> Tensor:
+    """``t`` as a plain :class:`torch.Tensor` (same storage).  PyG's
+    ``EdgeIndex``/``Index`` keep their subclass through ``as_subclass`` (their
+    ``__torch_function__`` wraps it) and then carry their own dtype through
+    ``.to()``; ``as_tensor()`` is their way out."""
+    if type(t) is Tensor:
+        return t
+    as_tensor = getattr(t, "as_tensor", None)
+    return as_tensor() if callable(as_tensor) else t.as_subclass(Tensor)
+
+
 def _widen(edge_index: Tensor) -> Tensor:
     """int64 copy of an index tensor in a dtype too small for index arithmetic
     (self-loop ids up to ``num_nodes`` would wrap in uint8/int8/int16)."""
     if edge_index.dtype in INDEX_DTYPES:
         return edge_index
-    return edge_index.as_subclass(Tensor).long()
+    return plain(edge_index).long()
 
 
 # --------------------------------------------------------------------------- #
@@ -201,6 +212,10 @@ def _ptr_from_sorted(sorted_idx: Tensor, n: int) -> Tensor:
 def _finish(rowptr: Tensor, col: Tensor, perm: Optional[Tensor], num_src: int,
             num_dst: int, adj: Any = None) -> CSRGraph:
     """Build the transpose and statistics from a destination-major CSR."""
+    # plain tensors: PyG's Index/EdgeIndex subclasses keep their own dtype
+    # through .to() (an int32 EdgeIndex's empty column came back int64)
+    rowptr, col = plain(rowptr), plain(col)
+    perm = plain(perm) if perm is not None else None
     E = int(col.numel())
     itype = _index_dtype(E, max(num_src, num_dst))
     device = col.device
@@ -227,7 +242,7 @@ def _finish(rowptr: Tensor, col: Tensor, perm: Optional[Tensor], num_src: int,
 def from_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> CSRGraph:
     """``edge_index [2, E]`` (row 0 = source, row 1 = target) -> :class:`CSRGraph`."""
     _check_edge_index(edge_index)
-    ei = edge_index.as_subclass(Tensor) if type(edge_index) is not Tensor else edge_index
+    ei = plain(edge_index)
     ei = _widen(ei)
     src, dst = ei[0], ei[1]
     _check_index("edge_index", src, num_src, "source")
@@ -304,8 +319,8 @@ def build_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = 
         nd = n if nd is None else nd
     if EdgeIndex is not None and isinstance(adj, EdgeIndex) and adj.is_sorted_by_col \
             and adj.numel():
-        _check_index("edge_index", adj.as_subclass(Tensor)[0], ns, "source")
-        _check_index("edge_index", adj.as_subclass(Tensor)[1], nd, "target")
+        _check_index("edge_index", plain(adj)[0], ns, "source")
+        _check_index("edge_index", plain(adj)[1], nd, "target")
         (colptr, row), perm = adj.get_csc()
         if colptr.numel() == nd + 1:
             g = _finish(colptr, row, perm, ns, nd)
@@ -384,7 +399,7 @@ def _fingerprint(t: Tensor) -> Tensor:
     collide with probability about ``2**-64``.  Two passes over the data, no
     stored copy of it (``numel < 2**32``)."""
     if type(t) is not Tensor:
-        t = t.as_subclass(Tensor)  # EdgeIndex & co.: skip their __torch_function__
+        t = plain(t)  # EdgeIndex & co.: skip their __torch_function__
     x = t.reshape(-1)
     n = x.numel()
     a, b = _fp_weights(x.device)
@@ -546,7 +561,7 @@ def _with_self_loops(adj: Any, num_nodes: int, num_src: int, num_dst: int) -> CS
         g.adj = looped
         return g
     _check_edge_index(adj)
-    ei = _widen(adj.as_subclass(Tensor) if type(adj) is not Tensor else adj)
+    ei = _widen(plain(adj))
     _check_index("edge_index", ei[0], num_src, "source")
     _check_index("edge_index", ei[1], num_dst, "target")
     mask = ei[0] != ei[1]

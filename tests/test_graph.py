@@ -208,3 +208,22 @@ def test_fingerprint_detects_every_single_element_change():
             assert x[0] == x[-1] or int(G._fingerprint(y)) != h
     e = _edges()
     assert int(G._fingerprint(e)) == int(G._fingerprint(e.int()))  # widened exactly
+
+
+@pytest.mark.parametrize("num_edges", [0, 3])
+@pytest.mark.parametrize("sort", [False, True])
+def test_edge_index_subclass_gives_plain_tensors_of_one_dtype(num_edges, sort):
+    """PyG's EdgeIndex/Index keep their subclass through as_subclass and their
+    own dtype through .to(): an empty int32 EdgeIndex gave an int64 column
+    (the CUDA op then refused the graph; found by tests/nn/test_fuzz.py)."""
+    from torch_geometric import EdgeIndex
+    from pyg_dfgnn.graph import clear_cache, get_graph
+    ei = EdgeIndex(torch.tensor([[0, 1, 0], [1, 0, 0]], dtype=torch.int32)[:, :num_edges],
+                   sparse_size=(2, 2))
+    if sort:
+        ei = ei.sort_by("col")[0]
+    clear_cache()
+    g = get_graph(ei, (2, 2))
+    ts = [t for t in (g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm) if t is not None]
+    assert all(type(t) is torch.Tensor for t in ts)
+    assert {t.dtype for t in ts} == {torch.int32}

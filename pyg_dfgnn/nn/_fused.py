@@ -28,7 +28,7 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import add_self_loops, remove_self_loops
 from torch_geometric.utils.sparse import set_sparse_value
 
-from ..graph import CSRGraph, get_graph, is_sparse_tensor, is_torch_sparse
+from ..graph import CSRGraph, get_graph, is_sparse_tensor, is_torch_sparse, plain
 from ..ops import SUPPORTED_DTYPES
 
 __all__ = ["FusedAttentionMixin", "Adjacency", "resolve_adjacency", "common_dtype",
@@ -206,7 +206,7 @@ def looped_edge_attr(edge_index: Tensor, edge_attr: Tensor, fill_value: Any,
     widened before any arithmetic.
     """
     from torch_geometric.utils import scatter
-    ei = edge_index.as_subclass(Tensor) if type(edge_index) is not Tensor else edge_index
+    ei = plain(edge_index)
     if ei.dtype not in (torch.int64, torch.int32):
         ei = ei.long()
     mask = ei[0] != ei[1]
@@ -231,7 +231,7 @@ def looped_edge_attr(edge_index: Tensor, edge_attr: Tensor, fill_value: Any,
 def _looped_index(edge_index: Tensor, num_nodes: int) -> Tensor:
     """PyG's looped ``edge_index`` (non-loop edges, then ``0..num_nodes-1``)
     for an index dtype too small for PyG's own ``arange`` (widened to int64)."""
-    ei = edge_index.as_subclass(Tensor).long()
+    ei = plain(edge_index).long()
     loops = torch.arange(num_nodes, device=ei.device).view(1, -1).expand(2, -1)
     return torch.cat([ei[:, ei[0] != ei[1]], loops], dim=1)
 
