@@ -137,6 +137,17 @@ class PrepareGraphs:
     def __init__(self, self_loops: Union[bool, Sequence[bool]] = False):
         self.views = _views(self_loops)
 
+    @classmethod
+    def for_model(cls, model: torch.nn.Module) -> Optional["PrepareGraphs"]:
+        """The transform preparing exactly the views that the
+        :mod:`pyg_dfgnn.nn` layers of ``model`` ask for when called as
+        ``conv(x, edge_index)`` on all nodes of a batch (``None`` when the
+        model has no such layer)."""
+        from ..nn._fused import FusedAttentionMixin
+        views = [bool(getattr(m, "add_self_loops", False)) for m in model.modules()
+                 if isinstance(m, FusedAttentionMixin)]
+        return cls(sorted(set(views))) if views else None
+
     def __call__(self, data: Any) -> Any:
         from torch_geometric.data import HeteroData
         if isinstance(data, HeteroData):
