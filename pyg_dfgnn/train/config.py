@@ -62,11 +62,12 @@ class DataConfig:
     gen_seed: Optional[int] = _f(0, help="seed of the SBM / synthetic generator "
                                          "(null = the run's seed)")
     num_workers: int = _f(0, help="DataLoader worker processes")
-    prepare_graphs: bool = _f(True, help="backend=fused, graph data sets: build each batch's "
-                                         "CSR where the batch is collated (in the DataLoader "
-                                         "workers when num_workers > 0) and hand it to the "
-                                         "layers' graph cache (pyg_dfgnn.data.PrepareGraphs); "
-                                         "false = the layers convert each batch on the device")
+    prepare_graphs: bool = _f(True, help="backend=fused, graph data sets, num_workers > 0: "
+                                         "build each batch's CSR in the DataLoader workers "
+                                         "and hand it to the layers' graph cache "
+                                         "(pyg_dfgnn.data.PrepareGraphs); false (or "
+                                         "num_workers=0) = the layers convert each batch on "
+                                         "the device")
     normalize_features: bool = _f(False, help="Planetoid: row-normalise the bag-of-words "
                                               "features (as the GAT / AGNN papers)")
     # synthetic graphs (scale runs)

@@ -322,17 +322,21 @@ class _Run:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = DDP(model, device_ids=ids)
         # graph preparation in the DataLoader (fused layers, batched graphs)
+        # (only with worker processes: in this process, the CPU conversion would
+        # sit on the step's critical path and cost more than the device's)
         self.prepare = None
+        workers = cfg.data.num_workers
         if cfg.backend == "fused" and cfg.data.prepare_graphs and b.kind == "graphs":
             from ..data.prepare import PrepareGraphs
-            self.prepare = PrepareGraphs.for_model(self.net)
-        self.pin_memory = (self.device.type == "cuda" and cfg.data.num_workers > 0
-                           and b.kind == "graphs")
-        if self.prepare is not None:
-            self.log(f"graph preparation: each batch's CSR is built "
-                     + (f"in {cfg.data.num_workers} DataLoader workers"
-                        if cfg.data.num_workers else "in the DataLoader (num_workers=0: "
-                        "in this process)") + f" ({self.prepare!r})")
+            if workers > 0:
+                self.prepare = PrepareGraphs.for_model(self.net)
+                self.log(f"graph preparation: each batch's CSR is built in the {workers} "
+                         f"DataLoader workers ({self.prepare!r})")
+            else:
+                self.log("graph preparation: off with data.num_workers=0 (it would run in "
+                         "this process, on the step's critical path); set "
+                         "data.num_workers >= 2 to build each batch's CSR in the workers")
+        self.pin_memory = self.device.type == "cuda" and workers > 0 and b.kind == "graphs"
         # mixed precision
         self.amp_dtype = AMP_DTYPES[cfg.precision]
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")

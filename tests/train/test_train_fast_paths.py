@@ -29,7 +29,7 @@ def _losses(r):
 def test_prepared_graphs_hit_the_cache_and_change_nothing(tmp_path, tiny_args, model):
     """Every layer call of training and evaluation hits a prepared graph (no
     conversion at all), and the run is bitwise the same as without preparation."""
-    extra = ["epochs=1", f"model.name={model}", "backend=fused"]
+    extra = ["epochs=1", f"model.name={model}", "backend=fused", "data.num_workers=2"]
     G.clear_cache()
     assert main(tiny_args(*extra, "data.prepare_graphs=false", out="plain")) == 0
     assert G.cache_info()["misses"] > 0          # the layers converted every batch
@@ -43,6 +43,16 @@ def test_prepared_graphs_hit_the_cache_and_change_nothing(tmp_path, tiny_args, m
     assert plain["training"]["prepared_graphs"] is None
     assert _losses(prep) == _losses(plain)
     assert prep["metrics"]["test_metric"] == plain["metrics"]["test_metric"]
+
+
+def test_no_preparation_without_workers(tmp_path, tiny_args, capsys):
+    """With data.num_workers=0 the CPU conversion would sit on the step's critical
+    path: the layers convert on the device as before, and the log says so."""
+    G.clear_cache()
+    assert main(tiny_args("epochs=1", "backend=fused", "data.num_workers=0")) == 0
+    assert "graph preparation: off with data.num_workers=0" in capsys.readouterr().out
+    assert _results(tmp_path / "run")["training"]["prepared_graphs"] is None
+    assert G.cache_info()["misses"] > 0
 
 
 def test_bf16_autocast_runs_the_fused_op_in_bf16(tmp_path, tiny_args, monkeypatch):
