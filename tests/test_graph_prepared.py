@@ -183,3 +183,31 @@ def test_attach_checks_its_arguments():
 def test_batch_without_prepared_graphs_is_unchanged():
     b = _batch()
     assert attach_prepared(b) is b
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["gat", "gt"])
+def test_attach_and_layers_on_cuda_do_not_sync(name):
+    """Issue 12: once the graph is prepared, neither attaching it nor a layer's
+    forward + backward synchronises the host with the GPU."""
+    convs, loops = _models()[name]
+    convs = convs.float().cuda()
+    pb = PrepareGraphs(loops)(_batch(seed=2)).pin_memory()
+    x = pb.x.float().cuda().requires_grad_()
+    _run(convs, x, attach_prepared(pb.to("cuda")).edge_index)   # warm-up (plans, lazy init)
+    G.clear_cache()
+    pb = PrepareGraphs(loops)(_batch(seed=3)).pin_memory()
+    x = pb.x.float().cuda().requires_grad_()
+    torch.cuda.synchronize()
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batch = attach_prepared(pb.to("cuda", non_blocking=True))
+        h = x
+        for conv in convs:
+            h = torch.nn.functional.elu(conv(h, batch.edge_index))
+        h.square().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+    assert G.cache_info()["misses"] == 0
