@@ -23,9 +23,9 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import yaml
 
 __all__ = ["ConfigError", "TrainConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
-           "SchedulerConfig", "EarlyStoppingConfig", "LogConfig", "CheckpointConfig", "CompileConfig",
-           "load_config", "check_environment", "config_from_dict", "apply_overrides", "parse_overrides",
-           "config_to_dict", "describe_schema"]
+           "SchedulerConfig", "EarlyStoppingConfig", "LogConfig", "CheckpointConfig",
+           "CompileConfig", "load_config", "check_environment", "config_from_dict",
+           "apply_overrides", "parse_overrides", "config_to_dict", "describe_schema"]
 
 DATASETS = ("PATTERN", "CLUSTER", "Cora", "CiteSeer", "PubMed",
             "synthetic_uniform", "synthetic_powerlaw")

@@ -265,7 +265,6 @@ class _Run:
             self.full = bundle.data.to(self.device)
 
     def _train_loader(self, epoch: int):
-        from torch_geometric.loader import DataLoader
         ds = self.bundle.train
         if self.dist.enabled:
             from torch.utils.data.distributed import DistributedSampler
