@@ -491,17 +491,24 @@ class _GraphCache:
         content = _fingerprints(tensors)  # of the content the graph is built from
         graph = build()
         self.misses += 1
+        self.put(adj, key, _Entry(vers, content, graph))
+        return graph
+
+    def put(self, adj: Any, key: Any, entry: "_Entry") -> bool:
+        """Store ``entry`` for ``(adj, key)``; False if ``adj`` cannot be weakly
+        referenced (then nothing is cached)."""
+        oid = id(adj)
         with self._lock:
             entries = self._d.get(oid)
             if entries is None or entries[0]() is not adj:
                 try:
                     ref = weakref.ref(adj, lambda _r, oid=oid: self._d.pop(oid, None))
                 except TypeError:  # not weak-referenceable: do not cache
-                    return graph
+                    return False
                 entries = [ref, {}]
                 self._d[oid] = entries
-            entries[1][key] = _Entry(vers, content, graph)
-        return graph
+            entries[1][key] = entry
+        return True
 
     def clear(self) -> None:
         with self._lock:
@@ -598,3 +605,81 @@ def get_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = No
             s, d = ns, nd
         return _with_self_loops(adj, self_loops, s, d)
     return _cache.get(adj, key, build, trusted)
+
+
+def attach(adj: Any, graph: CSRGraph, size: Optional[Tuple[int, int]] = None,
+           self_loops: Optional[int] = None, fingerprint: Optional[Tensor] = None
+           ) -> CSRGraph:
+    """Register ``graph`` as the cached conversion of the ``edge_index`` tensor
+    ``adj``, so that ``get_graph(adj, size, self_loops)`` -- what every layer of
+    :mod:`pyg_dfgnn.nn` calls -- hits the cache instead of converting.
+
+    For graphs prepared ahead of time, e.g. in the DataLoader's worker
+    processes (:class:`pyg_dfgnn.data.PrepareGraphs`): ``graph`` must have
+    been built from the same content as ``adj`` by :func:`get_graph`'s own
+    conversion (:func:`pyg_dfgnn.data.prepare_graph` does that).  No host-device
+    synchronisation: the cheap checks below compare shapes, devices and Python ints only; the
+    content is *not* re-validated (the preparation did that).  ``fingerprint``
+    is :func:`content_hash` of ``adj`` (a one-element int64 tensor,
+    e.g. computed where the graph was prepared); without it, it is computed
+    here (on CUDA: a few asynchronous kernels, no sync).  It is compared on
+    later cache hits exactly when :func:`get_graph` would compare it (always on
+    CPU; on CUDA only in :func:`strict_cache` mode), so an ``adj`` changed in
+    place is still never served stale.
+
+    Args:
+        adj: the ``edge_index`` tensor ``[2, E]`` the layers will receive.
+        graph: its :class:`CSRGraph` (after self-loop handling if ``self_loops``).
+        size: ``(num_src, num_dst)`` of the key (default: the graph's).
+        self_loops: ``None``, or the ``num_nodes`` the layers pass for their
+            looped view (GAT/GATv2/AGNN with ``add_self_loops=True``: the
+            number of nodes).
+
+    Returns ``graph``.
+    """
+    if not isinstance(adj, Tensor) or is_torch_sparse(adj):
+        raise ValueError(f"'edge_index' must be an edge_index tensor of shape [2, num_edges] "
+                         f"to attach a prepared graph, got {type(adj).__name__}")
+    _check_edge_index(adj)
+    if not isinstance(graph, CSRGraph):
+        raise ValueError(f"'graph' must be a pyg_dfgnn.graph.CSRGraph, got "
+                         f"{type(graph).__name__}")
+    if graph.device != adj.device:
+        raise ValueError(f"'graph' is on {graph.device} but 'edge_index' is on {adj.device}; "
+                         f"move both to the same device before attaching")
+    ns, nd = (graph.num_src, graph.num_dst) if size is None else (int(size[0]), int(size[1]))
+    if (ns, nd) != (graph.num_src, graph.num_dst):
+        raise ValueError(f"'size' {(ns, nd)} does not match the graph's (num_src, num_dst) = "
+                         f"{(graph.num_src, graph.num_dst)}")
+    E = adj.size(1)
+    if self_loops is None:
+        if graph.num_edges != E:
+            raise ValueError(f"'graph' has {graph.num_edges} edges but 'edge_index' has {E}: "
+                             f"it was not prepared from this edge_index")
+    else:
+        self_loops = int(self_loops)
+        if not 0 <= graph.num_edges - self_loops <= E:
+            raise ValueError(f"'graph' has {graph.num_edges} edges, which cannot be "
+                             f"'edge_index' ({E} edges) with its self-loops replaced by "
+                             f"{self_loops} loops: it was not prepared from this edge_index")
+    tensors = _tensors_of(adj)
+    if fingerprint is None:
+        content = _fingerprints(tensors)
+    else:
+        if not isinstance(fingerprint, Tensor) or fingerprint.numel() != 1:
+            raise ValueError("'fingerprint' must be a one-element int64 tensor "
+                             "(pyg_dfgnn.graph content hash of 'edge_index')")
+        shapes = (tuple(adj.shape),)
+        if adj.device.type == "cpu":
+            content = (shapes, (int(fingerprint.reshape(())),))
+        else:
+            content = (shapes, fingerprint.reshape(1).to(adj.device, torch.int64,
+                                                         non_blocking=True))
+    _cache.put(adj, (ns, nd, self_loops), _Entry(_versions(tensors), content, graph))
+    return graph
+
+
+def content_hash(adj: Tensor) -> Tensor:
+    """The content hash :func:`attach` / the cache compare for an ``edge_index``
+    tensor: a one-element int64 tensor on ``adj``'s device."""
+    return _fingerprint(adj).reshape(1)

@@ -24,8 +24,8 @@ import yaml
 
 __all__ = ["ConfigError", "TrainConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
            "SchedulerConfig", "EarlyStoppingConfig", "LogConfig", "CheckpointConfig",
-           "load_config", "check_environment", "config_from_dict", "apply_overrides",
-           "parse_overrides", "config_to_dict", "describe_schema"]
+           "CompileConfig", "load_config", "check_environment", "config_from_dict",
+           "apply_overrides", "parse_overrides", "config_to_dict", "describe_schema"]
 
 DATASETS = ("PATTERN", "CLUSTER", "Cora", "CiteSeer", "PubMed",
             "synthetic_uniform", "synthetic_powerlaw")
@@ -62,6 +62,12 @@ class DataConfig:
     gen_seed: Optional[int] = _f(0, help="seed of the SBM / synthetic generator "
                                          "(null = the run's seed)")
     num_workers: int = _f(0, help="DataLoader worker processes")
+    prepare_graphs: bool = _f(True, help="backend=fused, graph data sets, num_workers > 0: "
+                                         "build each batch's CSR in the DataLoader workers "
+                                         "and hand it to the layers' graph cache "
+                                         "(pyg_dfgnn.data.PrepareGraphs); false (or "
+                                         "num_workers=0) = the layers convert each batch on "
+                                         "the device")
     normalize_features: bool = _f(False, help="Planetoid: row-normalise the bag-of-words "
                                               "features (as the GAT / AGNN papers)")
     # synthetic graphs (scale runs)
@@ -138,6 +144,28 @@ class CheckpointConfig:
                       "what defines the best checkpoint")
 
 
+#: ``torch.compile`` modes accepted by ``compile.mode``
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class CompileConfig:
+    """``compile: false | true | {dynamic: true, mode: ...}``: a bare bool sets
+    ``enabled``; a mapping without ``enabled`` means ``enabled: true``."""
+
+    #: the key a bare scalar sets (``compile: true``)
+    _shorthand = "enabled"
+
+    enabled: bool = _f(False, help="wrap the model in torch.compile")
+    dynamic: Optional[bool] = _f(True, help="torch.compile(dynamic=...): true = shapes are "
+                                            "symbolic from the start (every batch has other "
+                                            "sizes); null = PyTorch decides")
+    mode: str = _f("default", COMPILE_MODES, "torch.compile(mode=...)")
+    backend: str = _f("inductor", help="torch.compile(backend=...), e.g. inductor, aot_eager, "
+                                       "eager")
+    fullgraph: bool = _f(False, help="torch.compile(fullgraph=...): fail on a graph break")
+
+
 @dataclass
 class TrainConfig:
     name: str = _f("run", help="run name (used in the default out_dir)")
@@ -153,6 +181,10 @@ class TrainConfig:
     time_limit_min: Optional[float] = _f(None, help="stop after this many minutes")
     eval_test_every: int = _f(0, help="evaluate the test split every N epochs (0 = only "
                                       "at the end)")
+    precision: str = _f("fp32", ("fp32", "bf16", "fp16"),
+                        "fp32; bf16 / fp16 = torch.autocast on the training device (the fused "
+                        "attention runs in that dtype), fp16 with a GradScaler")
+    compile: CompileConfig = field(default_factory=CompileConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -247,6 +279,19 @@ def _unknown_key(key: str, cls, prefix: str) -> ConfigError:
     return ConfigError(f"unknown key '{prefix}{key}'{hint}; {_allowed_keys_msg(cls, prefix)}")
 
 
+def _expand_shorthand(cls, raw: Any) -> Any:
+    """A section with a ``_shorthand`` key (``compile``): a bare scalar sets that
+    key; a mapping without it sets it to true."""
+    key = getattr(cls, "_shorthand", None)
+    if key is None:
+        return raw
+    if isinstance(raw, dict):
+        return raw if key in raw else {key: True, **raw}
+    if raw is None:
+        return {}
+    return {key: raw}
+
+
 def _build(cls, raw: Any, prefix: str = ""):
     if raw is None:
         raw = {}
@@ -263,7 +308,7 @@ def _build(cls, raw: Any, prefix: str = ""):
         tp = hints[key]
         full = prefix + key
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, full + ".")
+            kwargs[key] = _build(tp, _expand_shorthand(tp, value), full + ".")
             continue
         v = _coerce(value, tp, full)
         choices = fields[key].metadata.get("choices")
@@ -369,6 +414,12 @@ def _validate(cfg: TrainConfig) -> None:
     if d.source == "generated" and d.name not in ("PATTERN", "CLUSTER"):
         raise ConfigError(f"data.source=generated is only available for PATTERN and CLUSTER, "
                           f"not {d.name}")
+    if cfg.compile.enabled:
+        import torch._dynamo
+        backends = [b for b in torch._dynamo.list_backends(exclude_tags=()) if "TESTING" not in b]
+        if cfg.compile.backend not in backends:
+            raise ConfigError(f"compile.backend: {cfg.compile.backend!r} is not a torch.compile "
+                              f"backend; choose one of: {', '.join(backends)}")
     if isinstance(cfg.resume, str) and not cfg.resume:
         raise ConfigError("resume: empty path; use true, false/null or a checkpoint path")
 
@@ -411,13 +462,22 @@ def apply_overrides(raw: Dict[str, Any], overrides: Sequence[tuple]) -> Dict[str
             tp = _hints(cls)[p]
             last = i == len(parts) - 1
             if dataclasses.is_dataclass(tp):
+                short = getattr(tp, "_shorthand", None)
+                if last and short is not None:  # compile=true -> compile.enabled=true
+                    sub = node.get(p)
+                    if isinstance(sub, dict):
+                        sub[short] = value
+                    else:
+                        node[p] = value
+                    continue
                 if last:
                     raise ConfigError(f"'{prefix}{p}' is a section; set its keys with "
                                       f"{prefix}{p}.<key>=value "
                                       f"({_allowed_keys_msg(tp, prefix + p + '.')})")
                 sub = node.get(p)
                 if not isinstance(sub, dict):
-                    sub = {}
+                    short = getattr(tp, "_shorthand", None)
+                    sub = {short: sub} if short is not None and sub is not None else {}
                     node[p] = sub
                 node, cls, prefix = sub, tp, prefix + p + "."
             else:

@@ -20,6 +20,7 @@ continues exactly as an uninterrupted run would.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import json
@@ -68,7 +69,9 @@ class TrainingDiverged(TrainingError):
 #: produced by those values, so changing them would mislabel or mix two runs.
 RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_dir", "resume",
                   "device", "name", "eval_test_every", "log.progress", "log.every",
-                  "checkpoint.enabled", "data.num_workers")
+                  "checkpoint.enabled", "data.num_workers", "data.prepare_graphs",
+                  "compile.enabled", "compile.dynamic", "compile.mode", "compile.backend",
+                  "compile.fullgraph")
 
 
 # ----------------------------------------------------------------------------
@@ -195,8 +198,8 @@ def _check_resume_config(cfg: TrainConfig, ckpt: Dict[str, Any], path: str) -> N
             "another out_dir")
 
 
-def _unwrap(model):
-    return model.module if hasattr(model, "module") else model
+#: autocast dtype of each ``precision``
+AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ----------------------------------------------------------------------------
@@ -269,7 +272,6 @@ class _Run:
             self.full = bundle.data.to(self.device)
 
     def _train_loader(self, epoch: int):
-        from torch_geometric.loader import DataLoader
         ds = self.bundle.train
         if self.dist.enabled:
             from torch.utils.data.distributed import DistributedSampler
@@ -279,14 +281,36 @@ class _Run:
         else:
             g = torch.Generator().manual_seed(_epoch_seed(self.cfg.seed, epoch, 0))
             sampler = torch.utils.data.RandomSampler(ds, generator=g)
-        return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler,
-                          num_workers=self.cfg.data.num_workers)
+        return self._loader(ds, sampler)
 
     def _eval_loader(self, ds):
-        from torch_geometric.loader import DataLoader
         idx = list(range(self.dist.rank, len(ds), self.dist.world_size))  # disjoint shards
-        return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=idx,
-                          num_workers=self.cfg.data.num_workers)
+        return self._loader(ds, idx)
+
+    def _loader(self, ds, sampler):
+        from torch_geometric.loader import DataLoader
+        workers = self.cfg.data.num_workers
+        kw = dict(batch_size=self.cfg.batch_size, sampler=sampler, num_workers=workers,
+                  pin_memory=self.pin_memory)
+        if self.prepare is not None:
+            from ..data.prepare import PreparedDataLoader
+            return PreparedDataLoader(ds, prepare=self.prepare, **kw)
+        return DataLoader(ds, **kw)
+
+    def _to_device(self, batch):
+        """The batch on the training device; its prepared graphs (if any) handed
+        to the layers' graph cache (no host-device sync)."""
+        batch = batch.to(self.device, non_blocking=self.pin_memory)
+        if self.prepare is not None:
+            from ..data.prepare import attach_prepared
+            attach_prepared(batch)
+        return batch
+
+    def _autocast(self):
+        """``torch.autocast`` for ``precision`` bf16 / fp16 (a no-op for fp32)."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     # ---------------------------------------------------------------- model
     def build(self):
@@ -294,6 +318,7 @@ class _Run:
         _seed_all(cfg.seed)  # identical initial weights on every rank and for both backends
         model = build_model(cfg.model, b.in_dim, b.num_classes, b.categorical, cfg.backend)
         model = model.to(self.device)
+        self.net = model  # the plain module: state_dict, evaluation
         self.num_params = count_parameters(model)
         self.log(f"model {cfg.model.name} (backend={cfg.backend}): {self.num_params:,} "
                  f"parameters; conv layers from "
@@ -302,11 +327,45 @@ class _Run:
             from torch.nn.parallel import DistributedDataParallel as DDP
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = DDP(model, device_ids=ids)
+        # graph preparation in the DataLoader (fused layers, batched graphs)
+        # (only with worker processes: in this process, the CPU conversion would
+        # sit on the step's critical path and cost more than the device's)
+        self.prepare = None
+        workers = cfg.data.num_workers
+        if cfg.backend == "fused" and cfg.data.prepare_graphs and b.kind == "graphs":
+            from ..data.prepare import PrepareGraphs
+            if workers > 0:
+                self.prepare = PrepareGraphs.for_model(self.net)
+                self.log(f"graph preparation: each batch's CSR is built in the {workers} "
+                         f"DataLoader workers ({self.prepare!r})")
+            else:
+                self.log("graph preparation: off with data.num_workers=0 (it would run in "
+                         "this process, on the step's critical path); set "
+                         "data.num_workers >= 2 to build each batch's CSR in the workers")
+        self.pin_memory = self.device.type == "cuda" and workers > 0 and b.kind == "graphs"
+        # mixed precision
+        self.amp_dtype = AMP_DTYPES[cfg.precision]
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        if self.amp_dtype is not None:
+            self.log(f"precision {cfg.precision}: torch.autocast({self.device.type!r}, "
+                     f"dtype={self.amp_dtype})"
+                     + (" + GradScaler" if self.scaler.is_enabled() else ""))
+        # torch.compile
+        self.eval_model = self.net
+        c = cfg.compile
+        if c.enabled:
+            opts = dict(dynamic=c.dynamic, backend=c.backend, fullgraph=c.fullgraph,
+                        mode=None if c.mode == "default" else c.mode)
+            model = torch.compile(model, **opts)
+            # evaluation runs the plain module (no DDP), compiled alike
+            self.eval_model = torch.compile(self.net, **opts) if self.dist.enabled else model
+            self.log(f"torch.compile({', '.join(f'{k}={v!r}' for k, v in opts.items())})")
         self.model = model
         self.opt = _make_optimizer(cfg, model.parameters())
         self.sched = _make_scheduler(cfg, self.opt)
 
     def _loss(self, out, y):
+        out = out.float()  # autocast: the loss in fp32
         if self.bundle.weighted_loss:
             return weighted_cross_entropy(out, y, self.bundle.num_classes)
         return F.cross_entropy(out, y)
@@ -327,12 +386,14 @@ class _Run:
             bar = it = tqdm(loader, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
                             dynamic_ncols=True, file=sys.stderr)
         for i, batch in enumerate(it):
-            batch = batch.to(self.device)
-            out = self._forward(self.model, batch)
-            loss = self._loss(out, batch.y)
+            batch = self._to_device(batch)
+            with self._autocast():
+                out = self._forward(self.model, batch)
+                loss = self._loss(out, batch.y)
             self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            self.opt.step()
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
             loss_sum[0] += loss.detach().double()
             loss_sum[1] += 1
             counter.update(out.detach(), batch.y)
@@ -347,14 +408,16 @@ class _Run:
 
     @torch.no_grad()
     def eval_graphs(self, ds) -> Dict[str, float]:
-        model = _unwrap(self.model)
-        model.eval()
+        model = self.eval_model
+        self.net.eval()
         counter = ConfusionCounter(self.bundle.num_classes, self.device)
         loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)
         for batch in self._eval_loader(ds):
-            batch = batch.to(self.device)
-            out = self._forward(model, batch)
-            loss_sum[0] += self._loss(out, batch.y).double()
+            batch = self._to_device(batch)
+            with self._autocast():
+                out = self._forward(model, batch)
+                loss = self._loss(out, batch.y)
+            loss_sum[0] += loss.double()
             loss_sum[1] += 1
             counter.update(out, batch.y)
         D.all_reduce_sum(loss_sum)
@@ -366,21 +429,24 @@ class _Run:
         # full batch: every rank computes the same step (DDP just replicates)
         self.model.train()
         d = self.full
-        out = self.model(d.x, d.edge_index)
-        loss = self._loss(out[d.train_mask], d.y[d.train_mask])
+        with self._autocast():
+            out = self.model(d.x, d.edge_index)
+            loss = self._loss(out[d.train_mask], d.y[d.train_mask])
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
         c = ConfusionCounter(self.bundle.num_classes, self.device)
         c.update(out.detach()[d.train_mask], d.y[d.train_mask])
         return {"loss": float(loss.detach()), "metric": c.metric(self.metric_name)}
 
     @torch.no_grad()
     def eval_full(self) -> Dict[str, Dict[str, float]]:
-        model = _unwrap(self.model)
-        model.eval()
+        model = self.eval_model
+        self.net.eval()
         d = self.full
-        out = model(d.x, d.edge_index)
+        with self._autocast():
+            out = model(d.x, d.edge_index).float()
         res = {}
         for split in ("train", "val", "test"):
             mask = d[f"{split}_mask"]
@@ -394,7 +460,7 @@ class _Run:
     def _state(self, epoch: int) -> Dict[str, Any]:
         return {
             "epoch": epoch,
-            "model": _unwrap(self.model).state_dict(),
+            "model": self.net.state_dict(),
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict() if self.sched is not None else None,
             "best": self.best,
@@ -402,6 +468,7 @@ class _Run:
             "early_stop_bad_epochs": self.bad_epochs,
             "config": config_to_dict(self.cfg),
             "elapsed_train_s": self.train_time,
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
         }
 
     # Crash consistency.  ``checkpoint_last.pt`` is the authoritative state of
@@ -476,7 +543,7 @@ class _Run:
             return 1
         ckpt, path = self.ckpt, self.ckpt_path
         try:
-            _unwrap(self.model).load_state_dict(ckpt["model"])
+            self.net.load_state_dict(ckpt["model"])
         except RuntimeError as e:
             raise TrainingError(f"resume: checkpoint {path} does not match the model of this "
                                 f"config ({e})") from e
@@ -484,6 +551,8 @@ class _Run:
             self.opt.load_state_dict(ckpt["optimizer"])
             if self.sched is not None and ckpt.get("scheduler") is not None:
                 self.sched.load_state_dict(ckpt["scheduler"])
+            if self.scaler.is_enabled() and ckpt.get("scaler"):
+                self.scaler.load_state_dict(ckpt["scaler"])
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             raise TrainingError(f"resume: the optimizer / scheduler state in {path} does not "
                                 f"match this config ({short_error(e)})") from e
@@ -611,7 +680,7 @@ class _Run:
             if improved:
                 self.best = {"epoch": epoch, "val_loss": va["loss"], "val_metric": va["metric"],
                              "test_loss": rec["test_loss"], "test_metric": rec["test_metric"]}
-                self.best_state = copy.deepcopy(_unwrap(self.model).state_dict())
+                self.best_state = copy.deepcopy(self.net.state_dict())
 
             if self.sched is not None:
                 if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -691,7 +760,7 @@ class _Run:
         """Evaluate the last model (unless ``last=False``: its weights diverged) and
         the best one (None when there is none)."""
         graphs = self.bundle.kind == "graphs"
-        model = _unwrap(self.model)
+        model = self.net
 
         def evaluate():
             if graphs:
@@ -746,6 +815,14 @@ class _Run:
                         "num_classes": self.bundle.num_classes, "stats": self.bundle.stats},
             "model": {"name": self.cfg.model.name, "backend": self.cfg.backend,
                       "parameters": self.num_params},
+            "training": {"precision": self.cfg.precision,
+                         "autocast_dtype": None if self.amp_dtype is None
+                         else str(self.amp_dtype).replace("torch.", ""),
+                         "grad_scaler": self.scaler.is_enabled(),
+                         "compile": (config_to_dict(self.cfg.compile)
+                                     if self.cfg.compile.enabled else False),
+                         "prepared_graphs": (None if self.prepare is None
+                                             else list(self.prepare.views))},
             "metrics": metrics,
             "stop_reason": stop_reason,
             "resumed_from": self.resumed_from,
