@@ -265,7 +265,11 @@ class _Run:
         self.log(f"dataset {bundle.name}: source = {bundle.source}")
         self.log(f"dataset {bundle.name}: {bundle.stats}, classes={bundle.num_classes}, "
                  f"metric={bundle.metric} (prepared in {self.data_time:.1f}s)")
-        if bundle.kind == "full":
+        self.sampling = None
+        if bundle.kind == "full" and cfg.data.loader == "neighbor":
+            from .sampling import SampledNodeTraining  # the graph stays on the CPU
+            self.sampling = SampledNodeTraining(self)
+        elif bundle.kind == "full":
             self.full = bundle.data.to(self.device)
 
     def _train_loader(self, epoch: int):
@@ -576,6 +580,12 @@ class _Run:
                 te = None
                 if cfg.eval_test_every and epoch % cfg.eval_test_every == 0:
                     te = self.eval_graphs(self.bundle.test)
+            elif self.sampling is not None:
+                tr = self.sampling.train_epoch(epoch)
+                t_train = time.perf_counter() - t0
+                ev = self.sampling.evaluate_all(
+                    test=bool(cfg.eval_test_every and epoch % cfg.eval_test_every == 0))
+                va, te = ev["val"], ev["test"]
             else:
                 tr = self.train_epoch_full(epoch)
                 t_train = time.perf_counter() - t0
@@ -697,6 +707,8 @@ class _Run:
             if graphs:
                 return {"val": self.eval_graphs(self.bundle.val),
                         "test": self.eval_graphs(self.bundle.test)}
+            if self.sampling is not None:
+                return self.sampling.evaluate_all()
             ev = self.eval_full()
             return {"val": ev["val"], "test": ev["test"]}
 
