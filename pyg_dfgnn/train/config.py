@@ -158,6 +158,9 @@ class TrainConfig:
     resume: Union[bool, str, None] = _f(None, help="true = out_dir/checkpoint_last.pt, "
                                                    "or a checkpoint path")
     time_limit_min: Optional[float] = _f(None, help="stop after this many minutes")
+    memory_check: bool = _f(True, help="estimate the peak memory of a step at start (logged) "
+                                       "and refuse a run that would not fit the device "
+                                       "(exit 2); false = log only")
     eval_test_every: int = _f(0, help="evaluate the test split every N epochs (0 = only "
                                       "at the end)")
     data: DataConfig = field(default_factory=DataConfig)

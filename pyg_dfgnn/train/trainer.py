@@ -68,7 +68,7 @@ class TrainingDiverged(TrainingError):
 #: produced by those values, so changing them would mislabel or mix two runs.
 RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_dir", "resume",
                   "device", "name", "eval_test_every", "log.progress", "log.every",
-                  "checkpoint.enabled", "data.num_workers")
+                  "checkpoint.enabled", "data.num_workers", "memory_check")
 
 
 # ----------------------------------------------------------------------------
@@ -310,6 +310,27 @@ class _Run:
         self.opt = _make_optimizer(cfg, model.parameters())
         self.sched = _make_scheduler(cfg, self.opt)
 
+    def _check_memory(self) -> None:
+        """Log the peak-memory estimate of one step; refuse (ConfigError, exit 2) a
+        run that would not fit, on every rank alike (see memory.py)."""
+        from .memory import check_fits, estimate_for_config
+        b = self.bundle
+        if b.kind == "graphs":  # one mini-batch: batch_size graphs of the largest size
+            sizes = sorted(((int(g.num_nodes), int(g.num_edges)) for g in b.train),
+                           reverse=True)[:self.cfg.batch_size]
+            n, e = sum(s[0] for s in sizes), sum(s[1] for s in sizes)
+        else:
+            n, e = int(b.data.num_nodes), int(b.data.num_edges)
+        est = estimate_for_config(self.cfg, b.in_dim, b.num_classes, self.num_params, n, e,
+                                  b.categorical)
+        fits, msg = check_fits(est, self.device)
+        self.memory_estimate = est.total
+        refuse = D.any_flag(not fits and self.cfg.memory_check, self.device)
+        if refuse:
+            raise ConfigError(f"memory_check: {msg}" if not fits else
+                              "memory_check: another rank's device would not fit the run")
+        self.log(msg if fits else f"warning (memory_check=false): {msg}")
+
     def _loss(self, out, y):
         if self.bundle.weighted_loss:
             return weighted_cross_entropy(out, y, self.bundle.num_classes)
@@ -546,6 +567,7 @@ class _Run:
                    f"{self.out_dir}")
         self.load_data()
         self.build()
+        self._check_memory()
         self.best: Dict[str, Any] = {}
         self.best_state = None
         self.history: List[Dict[str, Any]] = []
