@@ -64,7 +64,6 @@ def test_sample_neighbors_uniform(d, k):
     T = 3000
     colptr = torch.arange(T + 1) * d
     row = torch.arange(T * d) % 997 + T       # sources are other nodes
-    n = T + 997
     colptr = torch.cat([colptr, torch.full((997,), T * d)])
     torch.manual_seed(0)
     out = sample_neighbors(colptr, row, torch.arange(T), [k])
@@ -74,7 +73,6 @@ def test_sample_neighbors_uniform(d, k):
     p = k / d
     sigma = math.sqrt(p * (1 - p) / T)
     assert (freq - p).abs().max() < 5 * sigma, (freq, p)
-    assert n == colptr.numel() - 1
 
 
 def test_sample_neighbors_all_and_errors():

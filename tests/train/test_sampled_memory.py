@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pyg_dfgnn.train import memory
-from pyg_dfgnn.train.config import ConfigError, load_config
+from pyg_dfgnn.train.config import load_config
 from pyg_dfgnn.train.memory import estimate_memory
 
 from .conftest import CONFIGS, fused_available
