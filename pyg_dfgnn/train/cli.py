@@ -7,6 +7,7 @@ from typing import List, Optional
 
 USAGE = """\
 usage: dfgnn train CONFIG.yaml [key=value ...] [--overwrite] [--print-config] [--schema]
+                   [--dry-run]
 
 Train an attention GNN described by a YAML config. Overrides use dotted keys
 and YAML scalars, e.g.:
@@ -23,6 +24,9 @@ resume=true to continue it, another out_dir=..., or --overwrite to replace it.
 options:
   --overwrite      replace the run found in out_dir (its results, checkpoints, log)
   --print-config   print the resolved config (after overrides) and exit
+  --dry-run        estimate the peak memory of a step from the graph and model sizes,
+                   check it against the device's free memory and exit (2 if it would
+                   not fit); nothing is trained or written
   --schema         list every config key with type, default and allowed values
   -h, --help       this message
 Docs: docs/TRAINING.md
@@ -84,7 +88,8 @@ def _main(argv: List[str]) -> int:
         return 0
     print_only = "--print-config" in argv
     overwrite = "--overwrite" in argv
-    argv = [a for a in argv if a not in ("--print-config", "--overwrite")]
+    dry = "--dry-run" in argv
+    argv = [a for a in argv if a not in ("--print-config", "--overwrite", "--dry-run")]
     unknown = [i for i, a in enumerate(argv) if a.startswith("--")]
     if unknown:
         i = unknown[0]
@@ -104,6 +109,8 @@ def _main(argv: List[str]) -> int:
         import yaml
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
+    if dry:
+        return _dry_run(cfg)
 
     out_dir = cfg.resolved_out_dir()
     if cfg.resume in (None, False):
@@ -141,6 +148,26 @@ def _main(argv: List[str]) -> int:
             _err("interrupted before the first checkpoint was written; nothing to "
                  "resume, run the command again to start over")
         return 130
+    return 0
+
+
+def _dry_run(cfg) -> int:
+    """``--dry-run``: the memory estimate; 0 if it fits, 2 if not, 1 on a data error."""
+    from ..data.datasets import DataError
+    from .config import ConfigError
+    from .memory import dry_run
+    from .models import BackendError
+    try:
+        res = dry_run(cfg)
+    except ConfigError as e:
+        _err(f"config error: {e}")
+        return 2
+    except (DataError, BackendError, RuntimeError) as e:
+        _err(f"error: {e}")
+        return 1
+    if not res["fits"]:
+        _err(f"config error: memory_check: {res['message']}")
+        return 2
     return 0
 
 

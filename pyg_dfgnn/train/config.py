@@ -76,6 +76,12 @@ class DataConfig:
     max_degree: int = _f(10_000, help="synthetic_powerlaw: largest (super node) degree")
     num_features: int = _f(64, help="synthetic: feature width")
     num_classes: int = _f(8, help="synthetic: number of classes")
+    # neighbour-sampled mini-batches (pyg_dfgnn/train/sampling.py)
+    loader: str = _f("full", ("full", "neighbor"),
+                     "full = whole graph per step (Planetoid, synthetic) / graph mini-batches "
+                     "(SBM); neighbor = PyG NeighborLoader, batch_size seed nodes per step")
+    num_neighbors: List[int] = _f([15, 10, 5], help="loader=neighbor: neighbours sampled per "
+                                                    "hop (one entry per layer, -1 = all)")
 
 
 @dataclass
@@ -174,11 +180,15 @@ class TrainConfig:
     backend: str = _f("fused", ("fused", "pyg"),
                       "fused = pyg_dfgnn.nn layers, pyg = torch_geometric.nn layers")
     epochs: int = _f(100, help="maximum number of epochs")
-    batch_size: int = _f(128, help="graphs per mini-batch (graph data sets)")
+    batch_size: int = _f(128, help="graphs per mini-batch (graph data sets); seed nodes "
+                                   "per step with data.loader=neighbor (per rank)")
     out_dir: str = _f("runs/{name}", help="output directory ({name} is substituted)")
     resume: Union[bool, str, None] = _f(None, help="true = out_dir/checkpoint_last.pt, "
                                                    "or a checkpoint path")
     time_limit_min: Optional[float] = _f(None, help="stop after this many minutes")
+    memory_check: bool = _f(True, help="estimate the peak memory of a step at start (logged) "
+                                       "and refuse a run that would not fit the device "
+                                       "(exit 2); false = log only")
     eval_test_every: int = _f(0, help="evaluate the test split every N epochs (0 = only "
                                       "at the end)")
     precision: str = _f("fp32", ("fp32", "bf16", "fp16"),
@@ -209,6 +219,8 @@ def _type_name(tp) -> str:
     if origin is Union:
         return " or ".join("null" if a is type(None) else _type_name(a)
                            for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -251,6 +263,15 @@ def _coerce(value, tp, key: str):
             if not math.isfinite(v):  # .nan / .inf / 1e999 are never meaningful here
                 raise ConfigError(f"{key}: must be a finite number, got {value!r}")
             return v
+    elif typing.get_origin(tp) is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str):  # an override: "[15, 10, 5]"
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                pass
+        if isinstance(value, (list, tuple)):
+            return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -420,8 +441,30 @@ def _validate(cfg: TrainConfig) -> None:
         if cfg.compile.backend not in backends:
             raise ConfigError(f"compile.backend: {cfg.compile.backend!r} is not a torch.compile "
                               f"backend; choose one of: {', '.join(backends)}")
+    _validate_sampling(cfg)
     if isinstance(cfg.resume, str) and not cfg.resume:
         raise ConfigError("resume: empty path; use true, false/null or a checkpoint path")
+
+
+def _validate_sampling(cfg: TrainConfig) -> None:
+    """``data.loader`` / ``data.num_neighbors`` (see pyg_dfgnn/train/sampling.py)."""
+    d = cfg.data
+    if d.loader != "neighbor":
+        return
+    if d.name in ("PATTERN", "CLUSTER"):
+        raise ConfigError(f"data.loader=neighbor samples the nodes of one graph; {d.name} is "
+                          "a data set of many small graphs (use data.loader=full)")
+    if not d.num_neighbors:
+        raise ConfigError("data.num_neighbors: must list one fan-out per layer, e.g. "
+                          "[15, 10, 5], got []")
+    bad = [k for k in d.num_neighbors if k == 0 or k < -1]
+    if bad:
+        raise ConfigError(f"data.num_neighbors: every entry must be > 0 or -1 (all "
+                          f"neighbours), got {d.num_neighbors}")
+    if len(d.num_neighbors) != cfg.model.layers:
+        raise ConfigError(f"data.num_neighbors: {len(d.num_neighbors)} hops "
+                          f"{d.num_neighbors} for model.layers={cfg.model.layers}; give one "
+                          "fan-out per attention layer")
 
 
 # ----------------------------------------------------------------------------
@@ -598,7 +641,8 @@ def describe_schema(cls=TrainConfig, prefix: str = "") -> List[str]:
             lines.append(f"{prefix}{f.name}:")
             lines.extend(describe_schema(tp, prefix + f.name + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else None
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         choices = f.metadata.get("choices")
         ch = f"  [{' | '.join(map(str, choices))}]" if choices else ""
         hl = f.metadata.get("help", "")

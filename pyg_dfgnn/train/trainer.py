@@ -71,7 +71,7 @@ RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_di
                   "device", "name", "eval_test_every", "log.progress", "log.every",
                   "checkpoint.enabled", "data.num_workers", "data.prepare_graphs",
                   "compile.enabled", "compile.dynamic", "compile.mode", "compile.backend",
-                  "compile.fullgraph")
+                  "compile.fullgraph", "memory_check")
 
 
 # ----------------------------------------------------------------------------
@@ -268,7 +268,11 @@ class _Run:
         self.log(f"dataset {bundle.name}: source = {bundle.source}")
         self.log(f"dataset {bundle.name}: {bundle.stats}, classes={bundle.num_classes}, "
                  f"metric={bundle.metric} (prepared in {self.data_time:.1f}s)")
-        if bundle.kind == "full":
+        self.sampling = None
+        if bundle.kind == "full" and cfg.data.loader == "neighbor":
+            from .sampling import SampledNodeTraining  # the graph stays on the CPU
+            self.sampling = SampledNodeTraining(self)
+        elif bundle.kind == "full":
             self.full = bundle.data.to(self.device)
 
     def _train_loader(self, epoch: int):
@@ -363,6 +367,27 @@ class _Run:
         self.model = model
         self.opt = _make_optimizer(cfg, model.parameters())
         self.sched = _make_scheduler(cfg, self.opt)
+
+    def _check_memory(self) -> None:
+        """Log the peak-memory estimate of one step; refuse (ConfigError, exit 2) a
+        run that would not fit, on every rank alike (see memory.py)."""
+        from .memory import check_fits, estimate_for_config
+        b = self.bundle
+        if b.kind == "graphs":  # one mini-batch: batch_size graphs of the largest size
+            sizes = sorted(((int(g.num_nodes), int(g.num_edges)) for g in b.train),
+                           reverse=True)[:self.cfg.batch_size]
+            n, e = sum(s[0] for s in sizes), sum(s[1] for s in sizes)
+        else:
+            n, e = int(b.data.num_nodes), int(b.data.num_edges)
+        est = estimate_for_config(self.cfg, b.in_dim, b.num_classes, self.num_params, n, e,
+                                  b.categorical)
+        fits, msg = check_fits(est, self.device)
+        self.memory_estimate = est.total
+        refuse = D.any_flag(not fits and self.cfg.memory_check, self.device)
+        if refuse:
+            raise ConfigError(f"memory_check: {msg}" if not fits else
+                              "memory_check: another rank's device would not fit the run")
+        self.log(msg if fits else f"warning (memory_check=false): {msg}")
 
     def _loss(self, out, y):
         out = out.float()  # autocast: the loss in fp32
@@ -611,6 +636,7 @@ class _Run:
                    f"{self.out_dir}")
         self.load_data()
         self.build()
+        self._check_memory()
         self.best: Dict[str, Any] = {}
         self.best_state = None
         self.history: List[Dict[str, Any]] = []
@@ -645,6 +671,12 @@ class _Run:
                 te = None
                 if cfg.eval_test_every and epoch % cfg.eval_test_every == 0:
                     te = self.eval_graphs(self.bundle.test)
+            elif self.sampling is not None:
+                tr = self.sampling.train_epoch(epoch)
+                t_train = time.perf_counter() - t0
+                ev = self.sampling.evaluate_all(
+                    test=bool(cfg.eval_test_every and epoch % cfg.eval_test_every == 0))
+                va, te = ev["val"], ev["test"]
             else:
                 tr = self.train_epoch_full(epoch)
                 t_train = time.perf_counter() - t0
@@ -766,6 +798,8 @@ class _Run:
             if graphs:
                 return {"val": self.eval_graphs(self.bundle.val),
                         "test": self.eval_graphs(self.bundle.test)}
+            if self.sampling is not None:
+                return self.sampling.evaluate_all()
             ev = self.eval_full()
             return {"val": ev["val"], "test": ev["test"]}
 

@@ -1,0 +1,220 @@
+"""Peak-memory estimate of a ``dfgnn train`` step, from the graph and model sizes.
+
+Used by ``dfgnn train --dry-run`` (print the estimate, train nothing) and at
+the start of every run (log it; refuse, exit 2, a run that cannot fit the
+device's free memory; ``memory_check=false`` skips the refusal).
+
+The model of one training step (``b`` bytes per element, fp32 = 4; ``N``
+nodes and ``E`` edges per step -- the whole graph, or the sampled subgraph's
+upper bound ``B (1 + f1 + f1 f2 + ...)`` nodes with ``data.loader=neighbor``;
+``E' = E + N`` where the layer adds self-loops; ``D = heads x per-head`` width;
+``H`` heads):
+
+* weights: parameters, gradients and two Adam moments, ``4 P b``;
+* inputs: features ``N F0 b`` and ``edge_index`` ``16 E``;
+* fused layers: a destination-major CSR and its transpose (``int32`` indices
+  below 2**31: ``2 (N + 1) + 4 E'`` indices), shared by the layers; per layer
+  ``O(N D)`` saved activations (projection, output, logsumexp, norm / ELU
+  outputs): ``N (k_node D + 3 H) b``, and no ``[E, H, F]`` tensor; plus
+  ``3 N hidden b`` for the input encoder and the readout;
+* pyg layers: per layer the same node activations plus the ``O(E H F)``
+  messages PyG materialises and keeps for backward (gathered features, attention
+  logits / softmax / dropout masks, the looped ``edge_index``):
+  ``E' (k_msg D + k_edge H) b + 16 E'``, and a transient ``2 E' D b`` (the
+  message and its gradient) on top of the saved ones at the peak.
+
+The constants are per model (:data:`LAYER_CONSTANTS`); the formula is checked
+on CPU against the bytes autograd actually saves
+(tests/train/test_sampled_memory.py).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+__all__ = ["MemoryEstimate", "estimate_memory", "estimate_for_config", "device_free_bytes",
+           "check_fits", "LAYER_CONSTANTS", "format_bytes"]
+
+#: per model: (k_node: [N, D] tensors saved per layer, k_msg: [E', D] tensors
+#: saved per pyg layer, k_edge: [E', H] tensors saved per pyg layer, self-loops)
+LAYER_CONSTANTS = {
+    "gat": (4, 1, 5, True),
+    "gt": (10, 3, 3, False),
+    "agnn": (6, 2, 3, True),
+}
+
+
+def format_bytes(n: float) -> str:
+    return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 28 else f"{n / 2 ** 20:.1f} MiB"
+
+
+@dataclass
+class MemoryEstimate:
+    backend: str
+    num_nodes: int            # per step
+    num_edges: int            # per step
+    parts: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def activations(self) -> float:
+        return self.parts.get("activations", 0.0) + self.parts.get("transient", 0.0)
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.parts.values()))
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.parts.items())
+        return (f"memory estimate (backend={self.backend}, {self.num_nodes:,} nodes / "
+                f"{self.num_edges:,} edges per step): peak ~{format_bytes(self.total)} "
+                f"({parts})")
+
+
+def _layer_widths(mcfg, num_classes: int):
+    """(D, H) of every attention layer of ``build_model(mcfg, ...)``."""
+    m = mcfg
+    if m.name == "agnn":
+        return [(m.hidden, 1)] * m.layers
+    if m.name == "gt":
+        return [(m.hidden, m.heads)] * (m.layers - 1) + [(m.out_dim or m.hidden, m.heads)]
+    if m.readout == "conv":
+        per = m.hidden // m.heads
+        return ([(per * m.heads, m.heads)] * (m.layers - 1)
+                + [(num_classes * m.out_heads, m.out_heads)])
+    return [(m.hidden, m.heads)] * (m.layers - 1) + [(m.out_dim or m.hidden, 1)]
+
+
+def estimate_memory(mcfg, backend: str, num_nodes: int, num_edges: int, in_dim: int,
+                    num_classes: int, num_params: int, elem_bytes: int = 4,
+                    categorical: bool = False) -> MemoryEstimate:
+    """Peak bytes of one training step (forward + backward + optimizer step)."""
+    if backend not in ("fused", "pyg"):
+        raise ValueError(f"'backend' must be 'fused' or 'pyg', got {backend!r}")
+    if num_nodes < 0 or num_edges < 0:
+        raise ValueError(f"'num_nodes' and 'num_edges' must be >= 0, got {num_nodes}, "
+                         f"{num_edges}")
+    b = int(elem_bytes)
+    N, E = int(num_nodes), int(num_edges)
+    k_node, k_msg, k_edge, loops = LAYER_CONSTANTS[mcfg.name]
+    loops = loops and getattr(mcfg, "self_loops", True)
+    Ep = E + N if loops else E
+    widths = _layer_widths(mcfg, num_classes)
+    parts: Dict[str, float] = {}
+    parts["weights"] = 4.0 * num_params * b
+    parts["inputs"] = (N * (8 if categorical else in_dim * b) + 16.0 * E)
+    idx = 4 if max(Ep, N + 1) <= 2 ** 31 - 1 else 8
+    act, transient = 0.0, 0.0
+    if not (mcfg.name == "gat" and mcfg.readout == "conv"):
+        # input encoder + readout (MLP: d -> d/2 -> d/4) outside the attention layers
+        act += N * 3 * mcfg.hidden * b
+    for D, H in widths:
+        act += N * (k_node * D + 3 * H) * b
+        if backend == "pyg":
+            act += Ep * (k_msg * D + k_edge * H) * b + 16.0 * Ep
+            transient = max(transient, 2.0 * Ep * D * b)
+        else:
+            transient = max(transient, 2.0 * N * D * b)
+    if backend == "fused":
+        parts["graph (CSR + transpose)"] = float((2 * (N + 1) + 4 * Ep) * idx)
+    parts["activations"] = act
+    parts["transient"] = transient
+    return MemoryEstimate(backend, N, E, parts)
+
+
+def _graph_size(cfg, bundle=None) -> Tuple[int, int]:
+    d = cfg.data
+    if bundle is not None:
+        data = bundle.data
+        return int(data.num_nodes), int(data.num_edges)
+    if d.name in ("synthetic_uniform", "synthetic_powerlaw"):
+        return int(d.num_nodes), int(d.num_edges)
+    raise ValueError("the graph size of this data set is known only after loading it")
+
+
+def estimate_for_config(cfg, in_dim: int, num_classes: int, num_params: int,
+                        num_nodes: int, num_edges: int, categorical: bool = False,
+                        elem_bytes: int = 4) -> MemoryEstimate:
+    """The estimate of one step of the run ``cfg`` on a graph of ``num_nodes`` /
+    ``num_edges`` (the sampled subgraph's bound with ``data.loader=neighbor``)."""
+    if cfg.data.loader == "neighbor":
+        from .sampling import expected_subgraph_size
+        s = expected_subgraph_size(cfg.batch_size, cfg.data.num_neighbors, num_nodes,
+                                   num_edges)
+        num_nodes, num_edges = s["nodes"], s["edges"]
+    return estimate_memory(cfg.model, cfg.backend, num_nodes, num_edges, in_dim, num_classes,
+                           num_params, elem_bytes=elem_bytes, categorical=categorical)
+
+
+def device_free_bytes(device: torch.device) -> Tuple[Optional[int], str]:
+    """(free bytes, description) of ``device``; ``None`` when unknown."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), (f"{torch.cuda.get_device_name(device)}: {format_bytes(free)} free of "
+                           f"{format_bytes(total)}")
+    try:
+        with open("/proc/meminfo") as f:
+            info = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in f if ":" in ln}
+        free = info.get("MemAvailable")
+        if free is not None:
+            return free, f"host RAM: {format_bytes(free)} available"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return int(free), f"host RAM: {format_bytes(free)} available"
+    except (ValueError, OSError, AttributeError):
+        return None, "free memory unknown"
+
+
+def check_fits(est: MemoryEstimate, device: torch.device) -> Tuple[bool, str]:
+    """(fits, message naming the numbers)."""
+    free, what = device_free_bytes(device)
+    if free is None:
+        return True, f"{est.describe()}; {what}"
+    fits = est.total <= free
+    msg = (f"{est.describe()}; device {device} ({what})")
+    if not fits:
+        other = "pyg" if est.backend == "fused" else "fused"
+        msg = (f"the run would not fit in memory: estimated peak {format_bytes(est.total)} > "
+               f"{format_bytes(free)} free on {device} ({what}); {est.describe()}. Lower "
+               f"batch_size / data.num_neighbors / model.hidden"
+               + (f", try backend={other}" if est.backend == "pyg" else "")
+               + ", or set memory_check=false to run anyway")
+    return fits, msg
+
+
+def dry_run(cfg, log=print) -> Dict[str, Any]:
+    """``dfgnn train --dry-run``: sizes, estimate and the fit check, no training.
+
+    The synthetic graphs are not generated (their sizes are in the config);
+    other data sets are loaded.  Returns ``{"estimate": ..., "fits": ...}``.
+    """
+    from ..data.datasets import load_data
+    from .distributed import resolve_device
+    from .models import build_model, count_parameters
+    d = cfg.data
+    if d.name in ("synthetic_uniform", "synthetic_powerlaw"):
+        in_dim, num_classes, categorical = d.num_features, d.num_classes, False
+        N, E = int(d.num_nodes), int(d.num_edges)
+    else:
+        b = load_data(d, seed=cfg.seed, log=lambda m: None)
+        in_dim, num_classes, categorical = b.in_dim, b.num_classes, b.categorical
+        if b.kind == "graphs":  # one mini-batch of batch_size graphs: the largest ones
+            sizes = sorted(((int(g.num_nodes), int(g.num_edges)) for g in b.train),
+                           reverse=True)[:cfg.batch_size]
+            N, E = sum(s[0] for s in sizes), sum(s[1] for s in sizes)
+        else:
+            N, E = int(b.data.num_nodes), int(b.data.num_edges)
+    model = build_model(cfg.model, in_dim, num_classes, categorical, cfg.backend)
+    P = count_parameters(model)
+    est = estimate_for_config(cfg, in_dim, num_classes, P, N, E, categorical)
+    device = resolve_device(cfg.device)
+    fits, msg = check_fits(est, device)
+    log(f"dry run: {cfg.name}: graph {N:,} nodes / {E:,} edges, model {cfg.model.name} "
+        f"{P:,} parameters, backend {cfg.backend}")
+    if fits:
+        log(msg)
+    return {"estimate": est, "fits": fits, "message": msg}
