@@ -24,10 +24,28 @@ from torch import Tensor
 from ..schedule import padded_width
 
 
-def kernel_width(chans: int, x: Tensor) -> int:
-    """The padded head width the CUDA kernels run at for ``x``'s dtype
-    (``chans`` itself on other devices, where nothing is padded)."""
+#: below this many projected elements (rows x heads x features) a layer call is
+#: host-bound: the extra autograd ops of a weight-side rewrite (padding the
+#: weight, folding the attention vectors) cost more host time than the GPU
+#: passes they save, and the op's own padding (inside the C++ op, no autograd
+#: nodes) is cheaper.  Measured on H100/H200 (docs/KERNELS.md): a PATTERN batch
+#: (26-128 graphs, 0.5-3.9M elements) got slower, a 100k-node graph (8-26M)
+#: faster.
+GPU_BOUND_ELEMENTS = 1 << 22
+
+
+def gpu_bound(rows: int, heads: int, chans: int) -> bool:
+    """Whether a layer call of this size is GPU-bound (see GPU_BOUND_ELEMENTS)."""
+    return rows * heads * chans >= GPU_BOUND_ELEMENTS
+
+
+def kernel_width(chans: int, x: Tensor, heads: int = 1) -> int:
+    """The head width a layer should project to for the CUDA kernels: the padded
+    width for ``x``'s dtype on a GPU-bound call, else ``chans`` (CPU, float64,
+    small calls: the op pads internally if it must)."""
     if x.device.type != "cuda" or x.dtype == torch.float64:
+        return chans
+    if not gpu_bound(x.size(0), heads, chans):
         return chans
     dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
     return padded_width(chans, dt)

@@ -9,7 +9,7 @@ from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from ..ops import gat_attention
-from ._padded import kernel_width, padded_linear, unpad
+from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, resolve_adjacency)
 
@@ -92,7 +92,7 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             assert x.dim() == 2, "Static graphs not supported in 'GATConv'"
             if self.res is not None:
                 res = self.res(x)
-            width = kernel_width(C, x)
+            width = kernel_width(C, x, H)
             padded = padded_linear(self.lin, x, H, C, width) if width != C else None
             if padded is not None:
                 # value rows in the kernels' padded head width (nn/_padded.py)
@@ -121,7 +121,11 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         alpha_src = alpha_dst = None
         lin_s = self.lin if self.lin is not None else self.lin_src
         lin_d = self.lin if self.lin is not None else self.lin_dst
-        if isinstance(x, Tensor) and lin_s is lin_d:   # one GEMM for both logits
+        # the fold pays on GPU-bound calls only (nn/_padded.py: GPU_BOUND_ELEMENTS)
+        fold = not x_src.is_cuda or gpu_bound(x_src.size(0), H, C)
+        if not fold:
+            pass
+        elif isinstance(x, Tensor) and lin_s is lin_d:   # one GEMM for both logits
             both = _folded_logits(lin_s, x, (self.att_src, self.att_dst))
             if both is not None:
                 alpha_src, alpha_dst = both[:, :H], both[:, H:]

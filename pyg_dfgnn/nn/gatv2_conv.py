@@ -59,7 +59,7 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
 
         # Node transformations, verbatim from PyG (in the kernels' padded head
         # width where C is not a multiple of the CUDA vector: nn/_padded.py)
-        width = kernel_width(C, x if isinstance(x, Tensor) else x[0])
+        width = kernel_width(C, x if isinstance(x, Tensor) else x[0], H)
         if isinstance(x, Tensor) and width != C:
             assert x.dim() == 2
             if self.res is not None:

@@ -75,7 +75,7 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         if not (isinstance(xs[0], Tensor) and isinstance(xs[1], Tensor)):
             return None
         H, C = self.heads, self.out_channels
-        width = kernel_width(C, xs[0])
+        width = kernel_width(C, xs[0], H)
         if width == C or self._fused_fallback_reason(xs[0], xs[1]) is not None:
             return None
         if self.lin_edge is None and implied_edge_attr(edge_index, edge_attr) is not None:

@@ -31,7 +31,7 @@ CASES = [
 def force_padding(monkeypatch):
     calls = []
 
-    def width(chans, x):
+    def width(chans, x, heads=1):
         calls.append(chans)
         return padded_width(chans, torch.float32)
     for mod in (transformer_conv, gatv2_conv, gat_conv):
@@ -69,3 +69,8 @@ def test_padded_linear_layout():
     assert torch.equal(y[..., 3], torch.zeros(4, 2))
     torch.testing.assert_close(y[..., :3], lin(x).view(4, 2, 3))
     assert _padded.kernel_width(10, x) == 10          # CPU: nothing padded
+
+
+def test_gpu_bound_threshold():
+    assert not _padded.gpu_bound(2968, 8, 19)          # a PATTERN batch of 26 graphs
+    assert _padded.gpu_bound(100_000, 8, 10)           # a 100k-node graph
