@@ -1,4 +1,5 @@
-"""Just-in-time build of the CUDA extension in ``cuda/``.
+"""Just-in-time builds of the CUDA extension in ``cuda/`` and the CPU extension
+in ``cpu/``.
 
 Nothing is compiled at import time.  The first CUDA call (or
 ``dfgnn build``) compiles ``cuda/*.cu`` and ``cuda/*.cpp`` with
@@ -8,6 +9,14 @@ cache directory keyed by the sources' hash, the torch version and the arch::
     $PYG_DFGNN_CACHE  (default ~/.cache/pyg_dfgnn)/<torch>-<cuda>-sm<arch>-<hash>/
 
 so a rebuild happens only when one of them changes.
+
+The first float32/bfloat16/float16 call on CPU tensors compiles
+``cpu/attention_cpu.cpp`` with the host C++ compiler only (no nvcc; ``-O3
+-march=native``, OpenMP when torch uses it) into
+``<cache>/torch<ver>-cpu-<isa>-<hash>/`` (:func:`load_cpu`).  Without a
+working compiler the CPU path falls back to the pure-PyTorch reference with
+one warning naming the cause; ``PYG_DFGNN_CPU_KERNELS=0`` forces the
+reference.
 """
 from __future__ import annotations
 
@@ -25,9 +34,14 @@ import torch
 log = logging.getLogger("pyg_dfgnn")
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
+CPU_DIR = Path(__file__).resolve().parent.parent / "cpu"
 _lock = threading.Lock()
 _module = None
 _error: Optional[BaseException] = None
+_cpu_lock = threading.Lock()
+_cpu_module = None
+_cpu_error: Optional[BaseException] = None
+_cpu_warned = False
 
 
 class BuildError(RuntimeError):
@@ -121,3 +135,135 @@ def load(verbose: bool = False):
 
 def is_built() -> bool:
     return _module is not None
+
+
+# --------------------------------------------------------------------------- #
+# CPU extension
+# --------------------------------------------------------------------------- #
+
+def cpu_sources():
+    return sorted(CPU_DIR.glob("*.cpp"))
+
+
+def _cpu_flags():
+    """(cflags, ldflags): -O3, -march=native where the compiler takes it, and
+    OpenMP when torch's parallel backend is OpenMP (at::parallel_for is
+    header code: without -fopenmp it would run on one thread)."""
+    import platform
+    cflags = ["-O3", "-std=c++17"]
+    ldflags = []
+    if platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64"):
+        cflags.append("-march=native")
+    if "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux"):
+        cflags.append("-fopenmp")
+        ldflags.append("-fopenmp")
+    return cflags, ldflags
+
+
+def _cpu_isa() -> str:
+    """Fingerprint of the host CPU: ``-march=native`` code must not be reused
+    on another CPU model sharing the cache directory."""
+    import platform
+    ident = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features", "model name")):
+                    ident += line
+    except OSError:
+        pass
+    return hashlib.sha256(ident.encode()).hexdigest()[:8]
+
+
+def cpu_cache_dir() -> Path:
+    root = os.environ.get("PYG_DFGNN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pyg_dfgnn")
+    h = hashlib.sha256()
+    for p in cpu_sources():
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(" ".join(sum(_cpu_flags(), [])).encode())
+    tv = torch.__version__.replace("+", "_")
+    return Path(root) / f"torch{tv}-cpu-{platform_tag()}-{_cpu_isa()}-{h.hexdigest()[:16]}"
+
+
+def platform_tag() -> str:
+    import platform
+    return f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine().lower()}"
+
+
+def cpu_kernels_enabled() -> bool:
+    """False when ``PYG_DFGNN_CPU_KERNELS`` is ``0``/``false``/``no``/``off``."""
+    v = os.environ.get("PYG_DFGNN_CPU_KERNELS", "1").strip().lower()
+    return v not in ("0", "false", "no", "off")
+
+
+def load_cpu(verbose: bool = False):
+    """Build (if needed) and load the CPU extension; returns ``torch.ops.dfgnn_cpu``.
+
+    Raises :class:`BuildError` naming the cause when it cannot be built (the
+    error is remembered: one attempt per process).
+    """
+    global _cpu_module, _cpu_error
+    if _cpu_module is not None:
+        return _cpu_module
+    with _cpu_lock:
+        if _cpu_module is not None:
+            return _cpu_module
+        if _cpu_error is not None:
+            raise BuildError(str(_cpu_error)) from _cpu_error
+        try:
+            if not cpu_sources():
+                raise BuildError(f"pyg_dfgnn: CPU sources not found in {CPU_DIR}")
+            from torch.utils.cpp_extension import load as _load
+            build_dir = cpu_cache_dir()
+            build_dir.mkdir(parents=True, exist_ok=True)
+            fresh = not any(build_dir.glob("*.so"))
+            if fresh:
+                print(f"pyg_dfgnn: compiling CPU kernels into {build_dir} (first use only)...",
+                      file=sys.stderr, flush=True)
+            t0 = time.time()
+            cflags, ldflags = _cpu_flags()
+            _load(name="pyg_dfgnn_cpu", sources=[str(s) for s in cpu_sources()],
+                  extra_cflags=cflags, extra_ldflags=ldflags,
+                  build_directory=str(build_dir), verbose=verbose, with_cuda=False,
+                  is_python_module=False)
+            # the library registers torch.ops.dfgnn_cpu.* (TORCH_LIBRARY)
+            _cpu_module = torch.ops.dfgnn_cpu
+            if fresh:
+                print(f"pyg_dfgnn: CPU kernels built in {time.time() - t0:.1f}s",
+                      file=sys.stderr, flush=True)
+        except BuildError as e:
+            _cpu_error = e
+            raise
+        except Exception as e:  # no compiler, compiler errors, ...
+            _cpu_error = e
+            first = str(e).strip().splitlines()
+            raise BuildError("pyg_dfgnn: building the CPU extension failed: "
+                             f"{first[0] if first else type(e).__name__}") from e
+    return _cpu_module
+
+
+def cpu_ops():
+    """``torch.ops.dfgnn_cpu`` or ``None`` (kernels disabled or not buildable:
+    one warning per process names the cause; the reference path is used)."""
+    global _cpu_warned
+    if not cpu_kernels_enabled():
+        return None
+    if _cpu_module is not None:
+        return _cpu_module
+    try:
+        return load_cpu()
+    except BuildError as e:
+        if not _cpu_warned:
+            _cpu_warned = True
+            import warnings
+            warnings.warn(f"{e}; CPU tensors use the (slower) pure-PyTorch reference path. "
+                          "Install a C++ compiler (g++/clang++) or set "
+                          "PYG_DFGNN_CPU_KERNELS=0 to silence this.", RuntimeWarning,
+                          stacklevel=3)
+        return None
+
+
+def is_cpu_built() -> bool:
+    return _cpu_module is not None

@@ -4,7 +4,10 @@
 torch.compile (no graph breaks inside), have fake (meta) implementations for
 tracing, and are tied together by ``register_autograd``.  On CUDA tensors they
 call the C++/CUDA extension (``torch.ops.dfgnn_C.*``, built just in time); on
-any other device they run the pure-PyTorch reference in
+CPU tensors (float32 / bfloat16 / float16) the C++ CPU extension
+(``torch.ops.dfgnn_cpu.*``, built just in time with the host compiler; see
+:func:`pyg_dfgnn._build.cpu_ops`); float64, other devices, and CPU without a
+compiler or with ``PYG_DFGNN_CPU_KERNELS=0`` run the pure-PyTorch reference in
 :mod:`pyg_dfgnn.ops.reference`.
 
 Schedule arguments (see :mod:`pyg_dfgnn.schedule`): ``sched = [group, slots,
@@ -63,6 +66,32 @@ def _attention_fwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
                                       sched, work, merge, t_work, t_merge))
 
 
+def _cpu_ops(kind, src_feat, value):
+    """The CPU extension's ops for these inputs, or ``None`` for the reference
+    (float64, a missing value, CPU kernels disabled or not buildable)."""
+    if src_feat.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None
+    if kind != ref.GATV2 and value is None:
+        return None
+    from .. import _build
+    return _build.cpu_ops()
+
+
+@attention_fwd.register_kernel("cpu")
+def _attention_fwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                       src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                       need_alpha, sched, work, merge, t_work, t_merge):
+    ops = _cpu_ops(kind, src_feat, value)
+    if ops is None:
+        return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
+                                     att, scale, negative_slope, dropout_p, _seed_int(seed),
+                                     need_alpha)
+    return tuple(ops.attention_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                   dst_feat, src_feat, value, edge, att, scale,
+                                   negative_slope, dropout_p, _seed_int(seed), need_alpha,
+                                   sched, work, merge, t_work, t_merge))
+
+
 def _out_dtype(kind, src_feat, value):
     return value.dtype if (value is not None and kind != ref.GATV2) else src_feat.dtype
 
@@ -81,7 +110,7 @@ def _attention_fwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
     dt = _out_dtype(kind, src_feat, value)
     lse_dt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
     out = src_feat.new_empty((nd, H, Fd), dtype=dt)
-    lse = src_feat.new_empty((nd, H), dtype=lse_dt)
+    lse = src_feat.new_empty((2, nd, H), dtype=lse_dt)
     alpha = src_feat.new_empty((col.shape[0], H) if need_alpha else (0,), dtype=dt)
     return out, lse, alpha
 
@@ -113,6 +142,23 @@ def _attention_bwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
                                      negative_slope, dropout_p, _seed_int(seed), out, lse,
                                      grad_out.contiguous(), sched, work, merge, t_work,
                                      t_merge))
+
+
+@attention_bwd.register_kernel("cpu")
+def _attention_bwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                       src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                       out, lse, grad_out, sched, work, merge, t_work, t_merge):
+    # lse [2, N, H] comes from the CPU kernel's forward; the reference's own
+    # forward (float64, fallback) is always paired with the reference backward
+    ops = _cpu_ops(kind, src_feat, value) if lse.dim() == 3 else None
+    if ops is None:
+        return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
+                                      edge, att, scale, negative_slope, dropout_p,
+                                      _seed_int(seed), out, lse, grad_out)
+    return list(ops.attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                  dst_feat, src_feat, value, edge, att, scale,
+                                  negative_slope, dropout_p, _seed_int(seed), out, lse,
+                                  grad_out, sched, work, merge, t_work, t_merge))
 
 
 @attention_bwd.register_fake
