@@ -19,12 +19,15 @@
 //
 // Parallel over rows (columns) with at::parallel_for, the rows split into one
 // contiguous part per thread with equal edge counts; vectorised over features
-// (contiguous float loops, `omp simd` reductions).  fp32, bf16 and fp16 inputs,
-// fp32 accumulation.
-#include <ATen/ATen.h>
+// (contiguous float loops, `omp simd` reductions).  fp32 and bf16 inputs, fp32
+// accumulation (fp16 and fp64 take the reference path in Python).
+// Only the headers needed (not ATen/ATen.h): the JIT build stays short.
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -205,6 +208,33 @@ inline EdgeRows edge_scores(const Args<T, I>& a, int64_t e, int64_t j, const flo
   }
 }
 
+// ---------------------------------------------------------------- prefetch
+// Source rows are gathered at random: without software prefetch the kernels
+// wait on the cache misses of every edge.  Rows of edge e + kAhead are
+// requested while edge e is computed.
+#ifndef DFGNN_PREFETCH_AHEAD
+#define DFGNN_PREFETCH_AHEAD 4
+#endif
+constexpr int64_t kAhead = DFGNN_PREFETCH_AHEAD;
+
+template <typename T>
+inline void prefetch_row(const T* p, int64_t n) {
+  if (kAhead == 0) return;
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < n * (int64_t)sizeof(T); b += 64) __builtin_prefetch(c + b);
+}
+
+template <int KIND, typename T, typename I>
+inline void prefetch_edge(const Args<T, I>& a, int64_t e) {
+  const int64_t j = a.col[e], H = a.H, F = a.F, Fk = a.Fk;
+  if (KIND != GATV2) prefetch_row(a.val + j * H * F, H * F);
+  prefetch_row(a.src + j * H * Fk, H * Fk);
+  if (a.edge) {
+    const int64_t eo = a.perm ? (int64_t)a.perm[e] : e;
+    prefetch_row(a.edge + eo * H * Fk, H * Fk);
+  }
+}
+
 // ================================================================= forward
 template <int KIND, typename T, typename I>
 void forward(const Args<T, I>& a, T* out, float* lse, T* alpha, const float* att) {
@@ -213,6 +243,7 @@ void forward(const Args<T, I>& a, T* out, float* lse, T* alpha, const float* att
   parallel_rows(a.rowptr, a.Nd, parts, [&](int64_t, int64_t r0, int64_t r1) {
     std::vector<float> acc(H * F), m(H), l(H), s(H), xbuf(H * Fk), kbuf(H * Fk), vbuf(H * F);
     std::vector<float> sbuf;  // the row's scores when alpha is returned
+    const int64_t e_end = a.rowptr[r1];
     for (int64_t i = r0; i < r1; ++i) {
       const int64_t e0 = a.rowptr[i], e1 = a.rowptr[i + 1];
       const float* xi = as_float<T>(a.dst + i * H * Fk, nullptr, H * Fk, xbuf.data());
@@ -221,6 +252,7 @@ void forward(const Args<T, I>& a, T* out, float* lse, T* alpha, const float* att
       std::fill(l.begin(), l.end(), 0.f);
       if (alpha) sbuf.resize((e1 - e0) * H);
       for (int64_t e = e0; e < e1; ++e) {
+        if (e + kAhead < e_end) prefetch_edge<KIND>(a, e + kAhead);
         const EdgeRows r = edge_scores<KIND>(a, e, (int64_t)a.col[e], xi, s.data(), kbuf.data(),
                                              vbuf.data(), att);
         for (int64_t h = 0; h < H; ++h) {
@@ -281,7 +313,7 @@ template <int KIND, typename T, typename I>
 void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
                    std::vector<std::vector<float>>& att_parts) {
   const int64_t H = a.H, F = a.F, Fk = a.Fk;
-  // fp16/bf16: the stored O was rounded, and <dO, O> would bias every dS of
+  // bf16: the stored O was rounded, and <dO, O> would bias every dS of
   // the row; Delta = sum_j alpha~_ij dP_ij is recomputed in fp32 instead.
   constexpr bool kRecomputeDelta = !std::is_same<T, float>::value;
   att_parts.assign(std::max<int64_t>(1, at::get_num_threads()), std::vector<float>());
@@ -291,6 +323,7 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
         dobuf(H * F), obuf(H * F), ebuf(Fk);
     std::vector<float>& datt = att_parts[part];
     if (KIND == GATV2) datt.assign(H * F, 0.f);
+    const int64_t e_end = a.rowptr[r1];
     for (int64_t i = r0; i < r1; ++i) {
       const int64_t e0 = a.rowptr[i], e1 = a.rowptr[i + 1];
       const float* xi = as_float<T>(a.dst + i * H * Fk, nullptr, H * Fk, xbuf.data());
@@ -301,6 +334,7 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
       std::fill(delta.begin(), delta.end(), 0.f);
       if (kRecomputeDelta) {
         for (int64_t e = e0; e < e1; ++e) {
+          if (e + kAhead < e1) prefetch_edge<KIND>(a, e + kAhead);
           const EdgeRows r = edge_scores<KIND>(a, e, (int64_t)a.col[e], xi, s.data(),
                                                kbuf.data(), vbuf.data(), att);
           for (int64_t h = 0; h < H; ++h)
@@ -312,6 +346,7 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
         for (int64_t h = 0; h < H; ++h) delta[h] = dot(dO + h * F, o + h * F, F);
       }
       for (int64_t e = e0; e < e1; ++e) {
+        if (e + kAhead < e_end) prefetch_edge<KIND>(a, e + kAhead);
         const int64_t j = a.col[e], eo = a.perm ? (int64_t)a.perm[e] : e;
         const EdgeRows r = edge_scores<KIND>(a, e, j, xi, s.data(), kbuf.data(), vbuf.data(),
                                              att);
@@ -378,6 +413,7 @@ void backward_cols(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att) {
   int64_t parts;
   parallel_rows(a.t_rowptr, a.Ns, parts, [&](int64_t, int64_t c0, int64_t c1) {
     std::vector<float> dv(H * F), dk(H * Fk), xbuf(H * F), dobuf(H * F), qbuf(H * Fk);
+    const int64_t t_end = a.t_rowptr[c1];
     for (int64_t j = c0; j < c1; ++j) {
       std::fill(dv.begin(), dv.end(), 0.f);
       std::fill(dk.begin(), dk.end(), 0.f);
@@ -385,6 +421,13 @@ void backward_cols(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att) {
                             ? as_float<T>(a.src + j * H * F, nullptr, H * F, xbuf.data())
                             : nullptr;
       for (int64_t t = a.t_rowptr[j]; t < a.t_rowptr[j + 1]; ++t) {
+        if (t + kAhead < t_end) {  // the destination-side rows of a later edge
+          const int64_t i2 = a.t_col[t + kAhead];
+          prefetch_row(b.dout + i2 * H * F, H * F);
+          if (KIND != GAT) prefetch_row(a.dst + i2 * H * Fk, H * Fk);
+          __builtin_prefetch(b.ds + (int64_t)a.t_perm[t + kAhead] * H);
+          __builtin_prefetch(b.pd + (int64_t)a.t_perm[t + kAhead] * H);
+        }
         const int64_t cp = a.t_perm[t], i = a.t_col[t];
         const float* dO = as_float<T>(b.dout + i * H * F, nullptr, H * F, dobuf.data());
         const float* xi = nullptr;
@@ -463,8 +506,8 @@ Inputs inputs(int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
   TORCH_CHECK(kind == GATV2 || in.val.defined(), "pyg_dfgnn: 'value' is required for this kind");
   TORCH_CHECK(kind != GATV2 || in.att.defined(), "pyg_dfgnn: 'att' is required for GATv2");
   const auto dt = in.src.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
-              "pyg_dfgnn: the CPU kernels take float32/bfloat16/float16 features, got ", dt);
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16,
+              "pyg_dfgnn: the CPU kernels take float32/bfloat16 features, got ", dt);
   for (auto* t : {&in.dst, &in.src, &in.val, &in.edge, &in.att}) {
     if (!t->defined()) continue;
     TORCH_CHECK(t->scalar_type() == dt, "pyg_dfgnn: all features must share one dtype");
@@ -526,8 +569,7 @@ void dispatch(const Inputs& in, const Fn& fn) {
     if (i32) fn(T(), int32_t()); else fn(T(), int64_t());
   };
   if (dt == at::kFloat) by_index(float());
-  else if (dt == at::kBFloat16) by_index(c10::BFloat16());
-  else by_index(c10::Half());
+  else by_index(c10::BFloat16());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
