@@ -322,6 +322,7 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
     std::vector<float> s(H), delta(H), acc(H * Fk), xbuf(H * Fk), kbuf(H * Fk), vbuf(H * F),
         dobuf(H * F), obuf(H * F), ebuf(Fk);
     std::vector<float>& datt = att_parts[part];
+    std::vector<float> datt_row(KIND == GATV2 ? H * F : 0);  // per row, then into datt
     if (KIND == GATV2) datt.assign(H * F, 0.f);
     const int64_t e_end = a.rowptr[r1];
     for (int64_t i = r0; i < r1; ++i) {
@@ -332,6 +333,7 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
       const float* li = b.lse + (a.Nd + i) * H;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(delta.begin(), delta.end(), 0.f);
+      std::fill(datt_row.begin(), datt_row.end(), 0.f);
       if (kRecomputeDelta) {
         for (int64_t e = e0; e < e1; ++e) {
           if (e + kAhead < e1) prefetch_edge<KIND>(a, e + kAhead);
@@ -382,7 +384,7 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
             const float* xih = xi + h * F;
             const float* at = att + h * F;
             float* ac = acc.data() + h * F;
-            float* da = datt.data() + h * F;
+            float* da = datt_row.data() + h * F;
             float* dv = ebuf.data();
             const float slope = a.slope;
 #pragma omp simd
@@ -398,6 +400,8 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
         }
       }
       store<T>(b.d_dst + i * H * Fk, acc.data(), H * Fk);
+      if (KIND == GATV2 && e1 > e0)
+        for (int64_t f = 0; f < H * F; ++f) datt[f] += datt_row[f];
     }
   });
 }

@@ -10,7 +10,7 @@ cache directory keyed by the sources' hash, the torch version and the arch::
 
 so a rebuild happens only when one of them changes.
 
-The first float32/bfloat16/float16 call on CPU tensors compiles
+The first float32/bfloat16 call on CPU tensors compiles
 ``cpu/attention_cpu.cpp`` with the host C++ compiler only (no nvcc; ``-O3
 -march=native``, OpenMP when torch uses it) into
 ``<cache>/torch<ver>-cpu-<isa>-<hash>/`` (:func:`load_cpu`).  Without a
@@ -150,7 +150,7 @@ def _cpu_flags():
     OpenMP when torch's parallel backend is OpenMP (at::parallel_for is
     header code: without -fopenmp it would run on one thread)."""
     import platform
-    cflags = ["-O3", "-std=c++17"]
+    cflags = ["-O3"]  # the C++ standard: torch's default (c++17 / c++20)
     ldflags = []
     if platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64"):
         cflags.append("-march=native")
@@ -214,7 +214,13 @@ def load_cpu(verbose: bool = False):
             raise BuildError(str(_cpu_error)) from _cpu_error
         try:
             if not cpu_sources():
-                raise BuildError(f"pyg_dfgnn: CPU sources not found in {CPU_DIR}")
+                raise BuildError(f"pyg_dfgnn: CPU sources not found in {CPU_DIR}; install "
+                                 "the package from its source checkout (pip install -e .)")
+            import shutil
+            cxx = os.environ.get("CXX", "c++")
+            if shutil.which(cxx) is None:
+                raise BuildError(f"pyg_dfgnn: no C++ compiler found ({cxx!r} is not on PATH; "
+                                 "set CXX or install g++/clang++)")
             from torch.utils.cpp_extension import load as _load
             build_dir = cpu_cache_dir()
             build_dir.mkdir(parents=True, exist_ok=True)
@@ -238,9 +244,11 @@ def load_cpu(verbose: bool = False):
             raise
         except Exception as e:  # no compiler, compiler errors, ...
             _cpu_error = e
-            first = str(e).strip().splitlines()
-            raise BuildError("pyg_dfgnn: building the CPU extension failed: "
-                             f"{first[0] if first else type(e).__name__}") from e
+            log.debug("pyg_dfgnn: CPU extension build error", exc_info=True)
+            msg = " ".join(str(e).split()) or type(e).__name__
+            if len(msg) > 400:
+                msg = msg[:400] + " ..."
+            raise BuildError(f"pyg_dfgnn: building the CPU extension failed: {msg}") from e
     return _cpu_module
 
 

@@ -4,10 +4,11 @@
 torch.compile (no graph breaks inside), have fake (meta) implementations for
 tracing, and are tied together by ``register_autograd``.  On CUDA tensors they
 call the C++/CUDA extension (``torch.ops.dfgnn_C.*``, built just in time); on
-CPU tensors (float32 / bfloat16 / float16) the C++ CPU extension
+CPU tensors (float32 / bfloat16) the C++ CPU extension
 (``torch.ops.dfgnn_cpu.*``, built just in time with the host compiler; see
 :func:`pyg_dfgnn._build.cpu_ops`); float64, other devices, and CPU without a
-compiler or with ``PYG_DFGNN_CPU_KERNELS=0`` run the pure-PyTorch reference in
+compiler or with ``PYG_DFGNN_CPU_KERNELS=0`` (and float16 on CPU) run the
+pure-PyTorch reference in
 :mod:`pyg_dfgnn.ops.reference`.
 
 Schedule arguments (see :mod:`pyg_dfgnn.schedule`): ``sched = [group, slots,
@@ -68,8 +69,8 @@ def _attention_fwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
 
 def _cpu_ops(kind, src_feat, value):
     """The CPU extension's ops for these inputs, or ``None`` for the reference
-    (float64, a missing value, CPU kernels disabled or not buildable)."""
-    if src_feat.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    (float64/float16, a missing value, CPU kernels disabled or not buildable)."""
+    if src_feat.dtype not in (torch.float32, torch.bfloat16):
         return None
     if kind != ref.GATV2 and value is None:
         return None
