@@ -12,11 +12,16 @@ calls are interleaved (alternating order) so that load from other processes
 on a shared machine hits both alike.  Both layers hold the same weights and
 see the same inputs; their outputs and gradients are checked to agree first.
 
-Peak memory: the extra resident memory (RSS high-water mark above the RSS
-before the call; Linux ``/proc/self/clear_refs``) of one forward+backward,
-each contender measured in a fresh subprocess with glibc's mmap threshold
-fixed at 64 KiB, so every tensor is mapped on allocation and unmapped on
-free.  (``tracemalloc`` only sees Python's own allocator, not torch tensors.)
+Peak memory of one forward+backward, two ways (``tracemalloc`` only sees
+Python's own allocator, not torch tensors):
+
+* ``alloc``: the peak of the tensor memory allocated during the call above
+  what was allocated before it (``torch.profiler`` allocation events, as
+  ``dfgnn bench`` reports it; see ``pyg_dfgnn.bench.timing``);
+* ``rss``: the resident-set high-water mark above the RSS before the call
+  (Linux ``/proc/self/clear_refs``), each contender in a fresh subprocess
+  with glibc's mmap threshold fixed at 64 KiB, so every tensor is mapped on
+  allocation and unmapped on free.
 """
 from __future__ import annotations
 
@@ -117,6 +122,10 @@ def time_layer(layer, args):
                 cont[c][idx]()
                 times[(c, k)].append((time.perf_counter() - t) * 1e3)
     med = {f"{c}_{k}_ms": statistics.median(v) for (c, k), v in times.items()}
+    from pyg_dfgnn.bench.timing import cpu_peak_memory_mb
+    for c, (fwd, step, _) in cont.items():
+        step()
+        med[f"{c}_fwdbwd_alloc_mb"] = cpu_peak_memory_mb(step)
     return dict(layer=layer, max_rel_err=err, **med)
 
 
@@ -148,7 +157,7 @@ def memory_child(layer, contender, args):
             f.write("5")  # reset the RSS high-water mark to the current RSS
         base = _rss_kb("VmRSS:")
         fn()
-        res[f"{contender}_{name}_peak_mb"] = (_rss_kb("VmHWM:") - base) / 1024
+        res[f"{contender}_{name}_rss_mb"] = (_rss_kb("VmHWM:") - base) / 1024
         xr.grad = None
         for p in mod.parameters():
             p.grad = None
@@ -184,7 +193,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--layers", default="gat,gatv2,transformer,agnn")
-    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--no-rss", action="store_true", help="skip the RSS subprocesses")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.add_argument("--child", nargs=2, metavar=("LAYER", "CONTENDER"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -200,26 +209,29 @@ def main(argv=None):
     print(f"# CPU, {args.threads} threads, uniform graph {args.nodes} nodes / {args.edges} "
           f"edges, {args.heads}x{args.channels} (in {args.in_channels}); medians of "
           f"{args.repeats} interleaved runs; torch {torch.__version__}")
-    hdr = (f"{'layer':12s} {'fwd pyg':>9s} {'fwd ours':>9s} {'x':>6s} {'f+b pyg':>9s} "
-           f"{'f+b ours':>9s} {'x':>6s} {'mem pyg':>9s} {'mem ours':>9s} {'ratio':>6s} "
-           f"{'rel err':>8s}")
+    hdr = (f"{'layer':12s} {'fwd pyg':>8s} {'fwd ours':>8s} {'x':>6s} {'f+b pyg':>8s} "
+           f"{'f+b ours':>8s} {'x':>6s} | {'alloc MB pyg':>12s} {'ours':>6s} {'ratio':>6s} | "
+           f"{'rss MB pyg':>10s} {'ours':>6s} {'ratio':>6s} | {'rel err':>7s}")
     print(hdr)
     rows = []
     for layer in args.layers.split(","):
         row = time_layer(layer, args)
-        if not args.no_memory:
+        if not args.no_rss:
             row.update(memory_layer(layer, args))
         row["fwd_speedup"] = row["pyg_fwd_ms"] / row["fused_fwd_ms"]
         row["fwdbwd_speedup"] = row["pyg_fwdbwd_ms"] / row["fused_fwdbwd_ms"]
-        mp, mf = row.get("pyg_fwdbwd_peak_mb"), row.get("fused_fwdbwd_peak_mb")
-        row["mem_ratio"] = mf / mp if mp else None
+        cols = []
+        for kind in ("alloc", "rss"):
+            mp, mf = row.get(f"pyg_fwdbwd_{kind}_mb"), row.get(f"fused_fwdbwd_{kind}_mb")
+            row[f"{kind}_ratio"] = mf / mp if mp else None
+            w = 12 if kind == "alloc" else 10
+            cols.append(f"{mp:{w}.1f} {mf:6.1f} {row[f'{kind}_ratio']:6.3f}" if mp else
+                        f"{'-':>{w}s} {'-':>6s} {'-':>6s}")
         rows.append(row)
-        mem = (f"{mp:9.1f} {mf:9.1f} {row['mem_ratio']:6.3f}" if mp else
-               f"{'-':>9s} {'-':>9s} {'-':>6s}")
-        print(f"{layer:12s} {row['pyg_fwd_ms']:9.2f} {row['fused_fwd_ms']:9.2f} "
-              f"{row['fwd_speedup']:5.2f}x {row['pyg_fwdbwd_ms']:9.2f} "
-              f"{row['fused_fwdbwd_ms']:9.2f} {row['fwdbwd_speedup']:5.2f}x {mem} "
-              f"{row['max_rel_err']:8.1e}", flush=True)
+        print(f"{layer:12s} {row['pyg_fwd_ms']:8.2f} {row['fused_fwd_ms']:8.2f} "
+              f"{row['fwd_speedup']:5.2f}x {row['pyg_fwdbwd_ms']:8.2f} "
+              f"{row['fused_fwdbwd_ms']:8.2f} {row['fwdbwd_speedup']:5.2f}x | {cols[0]} | "
+              f"{cols[1]} | {row['max_rel_err']:7.1e}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

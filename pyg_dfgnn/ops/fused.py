@@ -78,6 +78,19 @@ def _cpu_ops(kind, src_feat, value):
     return _build.cpu_ops()
 
 
+def cpu_path(dtype: torch.dtype) -> str:
+    """Which implementation CPU tensors of ``dtype`` run (for reports):
+    ``"C++ CPU kernels"`` or ``"reference path (<why>)"``."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"reference path ({str(dtype).replace('torch.', '')})"
+    from .. import _build
+    if not _build.cpu_kernels_enabled():
+        return "reference path (PYG_DFGNN_CPU_KERNELS=0)"
+    if _build.cpu_ops() is None:
+        return "reference path (CPU kernels not built)"
+    return "C++ CPU kernels"
+
+
 @attention_fwd.register_kernel("cpu")
 def _attention_fwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
@@ -227,12 +240,32 @@ class EagerAttention(torch.autograd.Function):
         return _backward_with(_attention_bwd_cuda, ctx, grad_out)
 
 
+class EagerAttentionCPU(torch.autograd.Function):
+    """:class:`EagerAttention` for eager CPU calls: the CPU implementations of
+    the custom ops (C++ kernels, or the reference where they do not apply)
+    without the dispatch layers, which cost about as much as the kernels on
+    small graphs (PATTERN batches)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        output = _attention_fwd_cpu(*args)
+        _setup_context(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse, _grad_alpha):
+        return _backward_with(_attention_bwd_cpu, ctx, grad_out)
+
+
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
     """``attention_fwd(*args)`` with autograd, by the cheapest correct route:
-    the :class:`EagerAttention` function for eager CUDA calls, the custom op
-    while compiling or tracing and on other devices."""
+    the :class:`EagerAttention` / :class:`EagerAttentionCPU` functions for eager
+    CUDA / CPU calls, the custom op while compiling or tracing, for float64 and
+    on other devices."""
     src_feat = args[8]
-    if (src_feat.is_cuda and src_feat.dtype != torch.float64
-            and not torch.compiler.is_compiling()):
-        return EagerAttention.apply(*args)
+    if src_feat.dtype != torch.float64 and not torch.compiler.is_compiling():
+        if src_feat.is_cuda:
+            return EagerAttention.apply(*args)
+        if src_feat.device.type == "cpu":
+            return EagerAttentionCPU.apply(*args)
     return attention_fwd(*args)
