@@ -65,9 +65,13 @@ def _arch() -> str:
     return f"{major}{minor}"
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("PYG_DFGNN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pyg_dfgnn"))
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("PYG_DFGNN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pyg_dfgnn")
+    root = cache_root()
     cuda = (torch.version.cuda or "nocuda").replace(".", "")
     tv = torch.__version__.split("+")[0]
     return Path(root) / f"torch{tv}-cu{cuda}-sm{_arch()}-{_source_hash()}"
@@ -84,11 +88,107 @@ def _check_toolchain() -> None:
     if not CUDA_DIR.is_dir() or not sources():
         raise BuildError(f"pyg_dfgnn: CUDA sources not found in {CUDA_DIR}; install the "
                          "package from its source checkout (pip install -e .).")
-    from torch.utils.cpp_extension import CUDA_HOME
-    if CUDA_HOME is None:
-        raise BuildError("pyg_dfgnn: nvcc was not found (CUDA_HOME is unset and nvcc is "
-                         "not on PATH); install the CUDA toolkit matching torch "
-                         f"{torch.version.cuda} or set CUDA_HOME.")
+    from torch.utils import cpp_extension
+    if cpp_extension.CUDA_HOME is None:
+        pip = pip_cuda_home()
+        if pip is None:
+            raise BuildError("pyg_dfgnn: nvcc was not found (CUDA_HOME is unset, nvcc is not "
+                             "on PATH, no /usr/local/cuda, no PyPI nvcc wheel); install the "
+                             f"CUDA {torch.version.cuda} toolkit, set CUDA_HOME, or "
+                             "pip install \"pyg_dfgnn[cuda]\" (see README, GPU section).")
+        _use_pip_cuda(pip)
+
+
+# --------------------------------------------------------------------------- #
+# nvcc from PyPI wheels (pip install "pyg_dfgnn[cuda]")
+# --------------------------------------------------------------------------- #
+
+def _nvcc_release(nvcc: Path) -> Optional[str]:
+    import re
+    import subprocess
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def pip_cuda_home() -> Optional[dict]:
+    """The CUDA toolkit that NVIDIA's PyPI wheels install, if any, for the major
+    version of ``torch.version.cuda``; ``None`` if there is none.
+
+    CUDA 13 wheels (``nvidia-cuda-nvcc``, ``nvidia-nvvm``, ``nvidia-cuda-crt``,
+    ``nvidia-cuda-cccl``, ``nvidia-cuda-runtime``; ``cuda-toolkit[nvcc,...]``)
+    share one toolkit-like tree ``site-packages/nvidia/cu13/{bin,include,lib,nvvm}``.
+    CUDA 12 wheels (``nvidia-cuda-nvcc-cu12`` ...) put each package in its own
+    ``nvidia/<package>/`` folder; their include folders are added.  Returns
+    ``{"home", "include", "lib", "release"}``.
+    """
+    if torch.version.cuda is None:
+        return None
+    major = torch.version.cuda.split(".")[0]
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    for root in roots:
+        for home in (root / f"cu{major}", root / "cuda_nvcc"):
+            nvcc = home / "bin" / "nvcc"
+            if not (nvcc.is_file() and os.access(nvcc, os.X_OK)):
+                continue
+            release = _nvcc_release(nvcc)
+            if release is None or release.split(".")[0] != major:
+                continue
+            include = [home / "include"]
+            lib = home / "lib"
+            if home.name == "cuda_nvcc":  # CUDA 12: one folder per package
+                include += [root / n / "include" for n in ("cuda_runtime", "cuda_cccl")]
+                lib = root / "cuda_runtime" / "lib"
+            return {"home": home, "include": [p for p in include if p.is_dir()], "lib": lib,
+                    "release": release}
+    return None
+
+
+_pip_cuda: Optional[dict] = None
+
+
+def _use_pip_cuda(pip: dict) -> None:
+    """Point torch.utils.cpp_extension at the wheels' toolkit.  The wheels hold
+    ``libcudart.so.<major>`` but no unversioned ``libcudart.so`` (wheels carry
+    no symbolic links) for the ``-lcudart`` that torch adds: a link to it is
+    made in a folder of the cache and added to the link flags."""
+    global _pip_cuda
+    from torch.utils import cpp_extension
+    home = str(pip["home"])
+    os.environ["CUDA_HOME"] = home
+    cpp_extension.CUDA_HOME = home
+    major = pip["release"].split(".")[0]
+    real = pip["lib"] / f"libcudart.so.{major}"
+    shim = cache_root() / f"pip-cuda-{hashlib.sha256(home.encode()).hexdigest()[:12]}"
+    if real.exists():
+        shim.mkdir(parents=True, exist_ok=True)
+        link = shim / "libcudart.so"
+        if not link.exists():
+            try:
+                link.symlink_to(real)
+            except FileExistsError:
+                pass
+    if pip["release"] != ".".join(torch.version.cuda.split(".")[:2]):
+        log.warning("pyg_dfgnn: PyPI nvcc %s, torch built with CUDA %s", pip["release"],
+                    torch.version.cuda)
+    _pip_cuda = dict(pip, shim=shim)
+
+
+def _pip_cuda_flags():
+    """(include flags for nvcc and the C++ compiler, link flags) of the wheels' toolkit."""
+    if _pip_cuda is None:
+        return [], []
+    inc = [f"-I{p}" for p in _pip_cuda["include"]]
+    return inc, [f"-L{_pip_cuda['shim']}", f"-L{_pip_cuda['lib']}"]
 
 
 def load(verbose: bool = False):
@@ -115,8 +215,10 @@ def load(verbose: bool = False):
             flags = ["-O3", "-std=c++17", "-lineinfo",
                      f"-gencode=arch=compute_{arch},code=sm_{arch}",
                      "--expt-relaxed-constexpr"]
+            pip_inc, pip_ld = _pip_cuda_flags()
             _module = _load(name="pyg_dfgnn_C", sources=[str(s) for s in sources()],
-                            extra_cflags=["-O3", "-std=c++17"], extra_cuda_cflags=flags,
+                            extra_cflags=["-O3", "-std=c++17"] + pip_inc,
+                            extra_cuda_cflags=flags + pip_inc, extra_ldflags=pip_ld,
                             build_directory=str(build_dir), verbose=verbose,
                             with_cuda=True, is_python_module=False)
             # the library registers torch.ops.dfgnn_C.* (TORCH_LIBRARY); no Python module
@@ -176,8 +278,7 @@ def _cpu_isa() -> str:
 
 
 def cpu_cache_dir() -> Path:
-    root = os.environ.get("PYG_DFGNN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pyg_dfgnn")
+    root = cache_root()
     h = hashlib.sha256()
     for p in cpu_sources():
         h.update(p.name.encode())
