@@ -1,4 +1,5 @@
-"""Just-in-time build of the CUDA extension in ``cuda/``.
+"""Just-in-time builds of the CUDA extension in ``cuda/`` and the CPU extension
+in ``cpu/``.
 
 Nothing is compiled at import time.  The first CUDA call (or
 ``dfgnn build``) compiles ``cuda/*.cu`` and ``cuda/*.cpp`` with
@@ -8,6 +9,14 @@ cache directory keyed by the sources' hash, the torch version and the arch::
     $PYG_DFGNN_CACHE  (default ~/.cache/pyg_dfgnn)/<torch>-<cuda>-sm<arch>-<hash>/
 
 so a rebuild happens only when one of them changes.
+
+The first float32/bfloat16 call on CPU tensors compiles
+``cpu/attention_cpu.cpp`` with the host C++ compiler only (no nvcc; ``-O3
+-march=native``, OpenMP when torch uses it) into
+``<cache>/torch<ver>-cpu-<isa>-<hash>/`` (:func:`load_cpu`).  Without a
+working compiler the CPU path falls back to the pure-PyTorch reference with
+one warning naming the cause; ``PYG_DFGNN_CPU_KERNELS=0`` forces the
+reference.
 """
 from __future__ import annotations
 
@@ -25,9 +34,14 @@ import torch
 log = logging.getLogger("pyg_dfgnn")
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
+CPU_DIR = Path(__file__).resolve().parent.parent / "cpu"
 _lock = threading.Lock()
 _module = None
 _error: Optional[BaseException] = None
+_cpu_lock = threading.Lock()
+_cpu_module = None
+_cpu_error: Optional[BaseException] = None
+_cpu_warned = False
 
 
 class BuildError(RuntimeError):
@@ -51,9 +65,13 @@ def _arch() -> str:
     return f"{major}{minor}"
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("PYG_DFGNN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pyg_dfgnn"))
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("PYG_DFGNN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pyg_dfgnn")
+    root = cache_root()
     cuda = (torch.version.cuda or "nocuda").replace(".", "")
     tv = torch.__version__.split("+")[0]
     return Path(root) / f"torch{tv}-cu{cuda}-sm{_arch()}-{_source_hash()}"
@@ -70,11 +88,107 @@ def _check_toolchain() -> None:
     if not CUDA_DIR.is_dir() or not sources():
         raise BuildError(f"pyg_dfgnn: CUDA sources not found in {CUDA_DIR}; install the "
                          "package from its source checkout (pip install -e .).")
-    from torch.utils.cpp_extension import CUDA_HOME
-    if CUDA_HOME is None:
-        raise BuildError("pyg_dfgnn: nvcc was not found (CUDA_HOME is unset and nvcc is "
-                         "not on PATH); install the CUDA toolkit matching torch "
-                         f"{torch.version.cuda} or set CUDA_HOME.")
+    from torch.utils import cpp_extension
+    if cpp_extension.CUDA_HOME is None:
+        pip = pip_cuda_home()
+        if pip is None:
+            raise BuildError("pyg_dfgnn: nvcc was not found (CUDA_HOME is unset, nvcc is not "
+                             "on PATH, no /usr/local/cuda, no PyPI nvcc wheel); install the "
+                             f"CUDA {torch.version.cuda} toolkit, set CUDA_HOME, or "
+                             "pip install \"pyg_dfgnn[cuda]\" (see README, GPU section).")
+        _use_pip_cuda(pip)
+
+
+# --------------------------------------------------------------------------- #
+# nvcc from PyPI wheels (pip install "pyg_dfgnn[cuda]")
+# --------------------------------------------------------------------------- #
+
+def _nvcc_release(nvcc: Path) -> Optional[str]:
+    import re
+    import subprocess
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def pip_cuda_home() -> Optional[dict]:
+    """The CUDA toolkit that NVIDIA's PyPI wheels install, if any, for the major
+    version of ``torch.version.cuda``; ``None`` if there is none.
+
+    CUDA 13 wheels (``nvidia-cuda-nvcc``, ``nvidia-nvvm``, ``nvidia-cuda-crt``,
+    ``nvidia-cuda-cccl``, ``nvidia-cuda-runtime``; ``cuda-toolkit[nvcc,...]``)
+    share one toolkit-like tree ``site-packages/nvidia/cu13/{bin,include,lib,nvvm}``.
+    CUDA 12 wheels (``nvidia-cuda-nvcc-cu12`` ...) put each package in its own
+    ``nvidia/<package>/`` folder; their include folders are added.  Returns
+    ``{"home", "include", "lib", "release"}``.
+    """
+    if torch.version.cuda is None:
+        return None
+    major = torch.version.cuda.split(".")[0]
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    for root in roots:
+        for home in (root / f"cu{major}", root / "cuda_nvcc"):
+            nvcc = home / "bin" / "nvcc"
+            if not (nvcc.is_file() and os.access(nvcc, os.X_OK)):
+                continue
+            release = _nvcc_release(nvcc)
+            if release is None or release.split(".")[0] != major:
+                continue
+            include = [home / "include"]
+            lib = home / "lib"
+            if home.name == "cuda_nvcc":  # CUDA 12: one folder per package
+                include += [root / n / "include" for n in ("cuda_runtime", "cuda_cccl")]
+                lib = root / "cuda_runtime" / "lib"
+            return {"home": home, "include": [p for p in include if p.is_dir()], "lib": lib,
+                    "release": release}
+    return None
+
+
+_pip_cuda: Optional[dict] = None
+
+
+def _use_pip_cuda(pip: dict) -> None:
+    """Point torch.utils.cpp_extension at the wheels' toolkit.  The wheels hold
+    ``libcudart.so.<major>`` but no unversioned ``libcudart.so`` (wheels carry
+    no symbolic links) for the ``-lcudart`` that torch adds: a link to it is
+    made in a folder of the cache and added to the link flags."""
+    global _pip_cuda
+    from torch.utils import cpp_extension
+    home = str(pip["home"])
+    os.environ["CUDA_HOME"] = home
+    cpp_extension.CUDA_HOME = home
+    major = pip["release"].split(".")[0]
+    real = pip["lib"] / f"libcudart.so.{major}"
+    shim = cache_root() / f"pip-cuda-{hashlib.sha256(home.encode()).hexdigest()[:12]}"
+    if real.exists():
+        shim.mkdir(parents=True, exist_ok=True)
+        link = shim / "libcudart.so"
+        if not link.exists():
+            try:
+                link.symlink_to(real)
+            except FileExistsError:
+                pass
+    if pip["release"] != ".".join(torch.version.cuda.split(".")[:2]):
+        log.warning("pyg_dfgnn: PyPI nvcc %s, torch built with CUDA %s", pip["release"],
+                    torch.version.cuda)
+    _pip_cuda = dict(pip, shim=shim)
+
+
+def _pip_cuda_flags():
+    """(include flags for nvcc and the C++ compiler, link flags) of the wheels' toolkit."""
+    if _pip_cuda is None:
+        return [], []
+    inc = [f"-I{p}" for p in _pip_cuda["include"]]
+    return inc, [f"-L{_pip_cuda['shim']}", f"-L{_pip_cuda['lib']}"]
 
 
 def load(verbose: bool = False):
@@ -101,8 +215,10 @@ def load(verbose: bool = False):
             flags = ["-O3", "-std=c++17", "-lineinfo",
                      f"-gencode=arch=compute_{arch},code=sm_{arch}",
                      "--expt-relaxed-constexpr"]
+            pip_inc, pip_ld = _pip_cuda_flags()
             _module = _load(name="pyg_dfgnn_C", sources=[str(s) for s in sources()],
-                            extra_cflags=["-O3", "-std=c++17"], extra_cuda_cflags=flags,
+                            extra_cflags=["-O3", "-std=c++17"] + pip_inc,
+                            extra_cuda_cflags=flags + pip_inc, extra_ldflags=pip_ld,
                             build_directory=str(build_dir), verbose=verbose,
                             with_cuda=True, is_python_module=False)
             # the library registers torch.ops.dfgnn_C.* (TORCH_LIBRARY); no Python module
@@ -121,3 +237,142 @@ def load(verbose: bool = False):
 
 def is_built() -> bool:
     return _module is not None
+
+
+# --------------------------------------------------------------------------- #
+# CPU extension
+# --------------------------------------------------------------------------- #
+
+def cpu_sources():
+    return sorted(CPU_DIR.glob("*.cpp"))
+
+
+def _cpu_flags():
+    """(cflags, ldflags): -O3, -march=native where the compiler takes it, and
+    OpenMP when torch's parallel backend is OpenMP (at::parallel_for is
+    header code: without -fopenmp it would run on one thread)."""
+    import platform
+    cflags = ["-O3"]  # the C++ standard: torch's default (c++17 / c++20)
+    ldflags = []
+    if platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64"):
+        cflags.append("-march=native")
+    if "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux"):
+        cflags.append("-fopenmp")
+        ldflags.append("-fopenmp")
+    return cflags, ldflags
+
+
+def _cpu_isa() -> str:
+    """Fingerprint of the host CPU: ``-march=native`` code must not be reused
+    on another CPU model sharing the cache directory."""
+    import platform
+    ident = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features", "model name")):
+                    ident += line
+    except OSError:
+        pass
+    return hashlib.sha256(ident.encode()).hexdigest()[:8]
+
+
+def cpu_cache_dir() -> Path:
+    root = cache_root()
+    h = hashlib.sha256()
+    for p in cpu_sources():
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(" ".join(sum(_cpu_flags(), [])).encode())
+    tv = torch.__version__.replace("+", "_")
+    return Path(root) / f"torch{tv}-cpu-{platform_tag()}-{_cpu_isa()}-{h.hexdigest()[:16]}"
+
+
+def platform_tag() -> str:
+    import platform
+    return f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine().lower()}"
+
+
+def cpu_kernels_enabled() -> bool:
+    """False when ``PYG_DFGNN_CPU_KERNELS`` is ``0``/``false``/``no``/``off``."""
+    v = os.environ.get("PYG_DFGNN_CPU_KERNELS", "1").strip().lower()
+    return v not in ("0", "false", "no", "off")
+
+
+def load_cpu(verbose: bool = False):
+    """Build (if needed) and load the CPU extension; returns ``torch.ops.dfgnn_cpu``.
+
+    Raises :class:`BuildError` naming the cause when it cannot be built (the
+    error is remembered: one attempt per process).
+    """
+    global _cpu_module, _cpu_error
+    if _cpu_module is not None:
+        return _cpu_module
+    with _cpu_lock:
+        if _cpu_module is not None:
+            return _cpu_module
+        if _cpu_error is not None:
+            raise BuildError(str(_cpu_error)) from _cpu_error
+        try:
+            if not cpu_sources():
+                raise BuildError(f"pyg_dfgnn: CPU sources not found in {CPU_DIR}; install "
+                                 "the package from its source checkout (pip install -e .)")
+            import shutil
+            cxx = os.environ.get("CXX", "c++")
+            if shutil.which(cxx) is None:
+                raise BuildError(f"pyg_dfgnn: no C++ compiler found ({cxx!r} is not on PATH; "
+                                 "set CXX or install g++/clang++)")
+            from torch.utils.cpp_extension import load as _load
+            build_dir = cpu_cache_dir()
+            build_dir.mkdir(parents=True, exist_ok=True)
+            fresh = not any(build_dir.glob("*.so"))
+            if fresh:
+                print(f"pyg_dfgnn: compiling CPU kernels into {build_dir} (first use only)...",
+                      file=sys.stderr, flush=True)
+            t0 = time.time()
+            cflags, ldflags = _cpu_flags()
+            _load(name="pyg_dfgnn_cpu", sources=[str(s) for s in cpu_sources()],
+                  extra_cflags=cflags, extra_ldflags=ldflags,
+                  build_directory=str(build_dir), verbose=verbose, with_cuda=False,
+                  is_python_module=False)
+            # the library registers torch.ops.dfgnn_cpu.* (TORCH_LIBRARY)
+            _cpu_module = torch.ops.dfgnn_cpu
+            if fresh:
+                print(f"pyg_dfgnn: CPU kernels built in {time.time() - t0:.1f}s",
+                      file=sys.stderr, flush=True)
+        except BuildError as e:
+            _cpu_error = e
+            raise
+        except Exception as e:  # no compiler, compiler errors, ...
+            _cpu_error = e
+            log.debug("pyg_dfgnn: CPU extension build error", exc_info=True)
+            msg = " ".join(str(e).split()) or type(e).__name__
+            if len(msg) > 400:
+                msg = msg[:400] + " ..."
+            raise BuildError(f"pyg_dfgnn: building the CPU extension failed: {msg}") from e
+    return _cpu_module
+
+
+def cpu_ops():
+    """``torch.ops.dfgnn_cpu`` or ``None`` (kernels disabled or not buildable:
+    one warning per process names the cause; the reference path is used)."""
+    global _cpu_warned
+    if not cpu_kernels_enabled():
+        return None
+    if _cpu_module is not None:
+        return _cpu_module
+    try:
+        return load_cpu()
+    except BuildError as e:
+        if not _cpu_warned:
+            _cpu_warned = True
+            import warnings
+            warnings.warn(f"{e}; CPU tensors use the (slower) pure-PyTorch reference path. "
+                          "Install a C++ compiler (g++/clang++) or set "
+                          "PYG_DFGNN_CPU_KERNELS=0 to silence this.", RuntimeWarning,
+                          stacklevel=3)
+        return None
+
+
+def is_cpu_built() -> bool:
+    return _cpu_module is not None

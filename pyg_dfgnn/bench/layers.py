@@ -100,6 +100,7 @@ def build_case(graph: BenchGraph, name: str, heads: int, channels: int, in_chann
 # --------------------------------------------------------------------------- #
 
 def fused_factory(case: Case) -> Prepared:
+    from ..ops.fused import cpu_path
     try:
         import pyg_dfgnn.nn as dnn
     except Exception as e:  # pragma: no cover - depends on the other module's state
@@ -117,7 +118,7 @@ def fused_factory(case: Case) -> Prepared:
     reason = why(case.inputs[0]) if callable(why) else None
     if reason is not None:  # it would silently time PyG's own path
         raise Unavailable(f"fused path not taken ({reason})")
-    note = "" if case.device.type == "cuda" else "CPU: reference path of the fused op"
+    note = "" if case.device.type == "cuda" else f"CPU: {cpu_path(case.dtype)}"
     return Prepared(fn=lambda x: m(x, ei), params=dict(m.named_parameters()), keep=m,
                     note=note)
 

@@ -78,6 +78,7 @@ def fused_op_factory(case: Case) -> Prepared:
     try:
         from .. import ops
         from ..graph import clear_cache, get_graph
+        from ..ops.fused import cpu_path
     except Exception as e:  # pragma: no cover
         raise Unavailable(f"pyg_dfgnn.ops not importable ({type(e).__name__}: {e})")
     clear_cache()
@@ -90,7 +91,7 @@ def fused_op_factory(case: Case) -> Prepared:
     else:
         scale = case.extra["scale"]
         fn = lambda q, k, v: ops.dot_attention(g, q, k, v, None, scale)[0]  # noqa: E731
-    note = "" if case.device.type == "cuda" else "CPU: reference path of the fused op"
+    note = "" if case.device.type == "cuda" else f"CPU: {cpu_path(case.dtype)}"
     return Prepared(fn=fn, keep=g, note=note)
 
 

@@ -4,7 +4,11 @@
 torch.compile (no graph breaks inside), have fake (meta) implementations for
 tracing, and are tied together by ``register_autograd``.  On CUDA tensors they
 call the C++/CUDA extension (``torch.ops.dfgnn_C.*``, built just in time); on
-any other device they run the pure-PyTorch reference in
+CPU tensors (float32 / bfloat16) the C++ CPU extension
+(``torch.ops.dfgnn_cpu.*``, built just in time with the host compiler; see
+:func:`pyg_dfgnn._build.cpu_ops`); float64, other devices, and CPU without a
+compiler or with ``PYG_DFGNN_CPU_KERNELS=0`` (and float16 on CPU) run the
+pure-PyTorch reference in
 :mod:`pyg_dfgnn.ops.reference`.
 
 Schedule arguments (see :mod:`pyg_dfgnn.schedule`): ``sched = [group, slots,
@@ -70,6 +74,45 @@ def _attention_fwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
                                       sched, work, merge, t_work, t_merge))
 
 
+def _cpu_ops(kind, src_feat, value):
+    """The CPU extension's ops for these inputs, or ``None`` for the reference
+    (float64/float16, a missing value, CPU kernels disabled or not buildable)."""
+    if src_feat.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if kind != ref.GATV2 and value is None:
+        return None
+    from .. import _build
+    return _build.cpu_ops()
+
+
+def cpu_path(dtype: torch.dtype) -> str:
+    """Which implementation CPU tensors of ``dtype`` run (for reports):
+    ``"C++ CPU kernels"`` or ``"reference path (<why>)"``."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"reference path ({str(dtype).replace('torch.', '')})"
+    from .. import _build
+    if not _build.cpu_kernels_enabled():
+        return "reference path (PYG_DFGNN_CPU_KERNELS=0)"
+    if _build.cpu_ops() is None:
+        return "reference path (CPU kernels not built)"
+    return "C++ CPU kernels"
+
+
+@attention_fwd.register_kernel("cpu")
+def _attention_fwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                       src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                       need_alpha, sched, work, merge, t_work, t_merge):
+    ops = _cpu_ops(kind, src_feat, value)
+    if ops is None:
+        return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
+                                     att, scale, negative_slope, dropout_p, _seed_int(seed),
+                                     need_alpha)
+    return tuple(ops.attention_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                   dst_feat, src_feat, value, edge, att, scale,
+                                   negative_slope, dropout_p, _seed_int(seed), need_alpha,
+                                   sched, work, merge, t_work, t_merge))
+
+
 def _out_dtype(kind, src_feat, value):
     return value.dtype if (value is not None and kind != ref.GATV2) else src_feat.dtype
 
@@ -120,6 +163,23 @@ def _attention_bwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
                                      negative_slope, dropout_p, _seed_int(seed), out, lse,
                                      grad_out.contiguous(), sched, work, merge, t_work,
                                      t_merge))
+
+
+@attention_bwd.register_kernel("cpu")
+def _attention_bwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                       src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                       out, lse, grad_out, sched, work, merge, t_work, t_merge):
+    # lse [2, N, H] comes from the CPU kernel's forward; the reference's own
+    # forward (float64, fallback) is always paired with the reference backward
+    ops = _cpu_ops(kind, src_feat, value) if lse.dim() == 3 else None
+    if ops is None:
+        return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
+                                      edge, att, scale, negative_slope, dropout_p,
+                                      _seed_int(seed), out, lse, grad_out)
+    return list(ops.attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                  dst_feat, src_feat, value, edge, att, scale,
+                                  negative_slope, dropout_p, _seed_int(seed), out, lse,
+                                  grad_out, sched, work, merge, t_work, t_merge))
 
 
 @attention_bwd.register_fake
@@ -187,12 +247,32 @@ class EagerAttention(torch.autograd.Function):
         return _backward_with(_attention_bwd_cuda, ctx, grad_out)
 
 
+class EagerAttentionCPU(torch.autograd.Function):
+    """:class:`EagerAttention` for eager CPU calls: the CPU implementations of
+    the custom ops (C++ kernels, or the reference where they do not apply)
+    without the dispatch layers, which cost about as much as the kernels on
+    small graphs (PATTERN batches)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        output = _attention_fwd_cpu(*args)
+        _setup_context(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse, _grad_alpha):
+        return _backward_with(_attention_bwd_cpu, ctx, grad_out)
+
+
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
     """``attention_fwd(*args)`` with autograd, by the cheapest correct route:
-    the :class:`EagerAttention` function for eager CUDA calls, the custom op
-    while compiling or tracing and on other devices."""
+    the :class:`EagerAttention` / :class:`EagerAttentionCPU` functions for eager
+    CUDA / CPU calls, the custom op while compiling or tracing, for float64 and
+    on other devices."""
     src_feat = args[8]
-    if (src_feat.is_cuda and src_feat.dtype != torch.float64
-            and not torch.compiler.is_compiling()):
-        return EagerAttention.apply(*args)
+    if src_feat.dtype != torch.float64 and not torch.compiler.is_compiling():
+        if src_feat.is_cuda:
+            return EagerAttention.apply(*args)
+        if src_feat.device.type == "cpu":
+            return EagerAttentionCPU.apply(*args)
     return attention_fwd(*args)

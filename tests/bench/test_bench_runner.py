@@ -208,7 +208,14 @@ def test_timing_helpers():
     calls = []
     st = timing.measure(lambda: calls.append(1), CPU, warmup=2, repeats=5)
     assert len(calls) == 7 and st.n == 5
-    assert timing.peak_memory_mb(lambda: None, CPU) is None
+    assert timing.peak_memory_mb(lambda: None, CPU) == 0.0
+    # CPU: peak of the tensor memory allocated during the call (two 4 MiB
+    # buffers alive at once, then freed), not what is left at the end
+    def two():
+        a = torch.empty(1 << 20)
+        b = torch.empty(1 << 20)
+        del a, b
+    assert timing.peak_memory_mb(two, CPU) == 8.0
     assert timing.is_oom(torch.cuda.OutOfMemoryError("x"))
     assert timing.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"))
     assert not timing.is_oom(RuntimeError("something else"))
