@@ -315,7 +315,7 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
   const int64_t H = a.H, F = a.F, Fk = a.Fk;
   // bf16: the stored O was rounded, and <dO, O> would bias every dS of
   // the row; Delta = sum_j alpha~_ij dP_ij is recomputed in fp32 instead.
-  constexpr bool kRecomputeDelta = !std::is_same<T, float>::value;
+  constexpr bool kRecomputeDelta = true;
   att_parts.assign(std::max<int64_t>(1, at::get_num_threads()), std::vector<float>());
   int64_t parts;
   parallel_rows(a.rowptr, a.Nd, parts, [&](int64_t part, int64_t r0, int64_t r1) {

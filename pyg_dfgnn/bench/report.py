@@ -375,7 +375,7 @@ def matplotlib_available() -> bool:
 def plot_all(rows: List[Dict[str, Any]], env: Dict[str, Any], out_dir: str,
              notes: Optional[List[str]] = None) -> Dict[str, str]:
     """Draw the speedup plot of every section, and its memory plot when peak
-    memory was measured (CUDA); returns ``{kind: path}`` of the plots drawn and
+    memory was measured (CUDA; CPU layers and ops); returns ``{kind: path}`` of the plots drawn and
     appends what was skipped, and why, to ``notes``."""
     import matplotlib
     matplotlib.use("Agg", force=True)
@@ -393,8 +393,8 @@ def plot_all(rows: List[Dict[str, Any]], env: Dict[str, Any], out_dir: str,
         _plot_memory(rs, env, p, section)
         paths[f"memory_{section}"] = p
     if no_memory and notes is not None:
-        notes.append(f"not drawn: {', '.join(no_memory)} (peak memory is measured on CUDA "
-                     f"devices only)")
+        notes.append(f"not drawn: {', '.join(no_memory)} (no peak memory was measured for "
+                     f"that section on this device)")
     return paths
 
 

@@ -50,6 +50,8 @@ def test_quick_run_writes_every_report(quick_run, capsys):
     cuda = data["environment"]["device"].startswith("cuda")
     pngs = ["speedup_layer.png", "speedup_op.png", "speedup_train.png"]
     memory = ["memory_layer.png", "memory_op.png", "memory_train.png"]
+    rows = data["results"]
+    measured = {r["section"] for r in rows if r.get("fwdbwd_peak_mb") is not None}
     for name in ["results.csv", "results.json", "table.txt", "summary.txt"] + pngs + (
             memory if cuda else []):
         p = out / name
@@ -60,10 +62,15 @@ def test_quick_run_writes_every_report(quick_run, capsys):
     wrote = [ln for ln in stdout.splitlines() if ln.startswith("wrote ")][-1]
     for name in pngs:
         assert name in wrote
-    if not cuda:  # memory is measured on CUDA only: no empty memory plots on the CPU
-        for name in memory:
-            assert not (out / name).exists() and name not in wrote
-        assert "peak memory is measured on CUDA devices only" in stdout
+    # a memory plot exactly for the sections whose peak memory was measured (CUDA:
+    # all; CPU: layers and ops, from the profiler's allocation events), never empty
+    assert rows, "results.json has no rows"
+    for section in ("layer", "op", "train"):
+        name = f"memory_{section}.png"
+        assert (out / name).exists() == (section in measured), name
+        assert (name in wrote) == (section in measured), name
+    if not cuda and len(measured) < 3:
+        assert "no peak memory was measured" in stdout
     env = data["environment"]
     for k in ("gpu", "driver", "torch", "torch_geometric", "cuda_runtime", "python"):
         assert k in env
