@@ -222,7 +222,15 @@ def looped_edge_attr(edge_index: Tensor, edge_attr: Tensor, fill_value: Any,
             loop = loop.unsqueeze(0)
         loop = loop.expand(size).contiguous()
     elif isinstance(fill_value, str):
-        loop = scatter(attr, ei[1][mask].long(), 0, num_nodes, fill_value)
+        tgt = ei[1][mask].long()
+        if tgt.numel() and tgt.is_cuda and int(tgt.max()) >= num_nodes:
+            # PyG's add_self_loops indexes out of bounds here (a RuntimeError on the
+            # CPU); on CUDA that would be a device-side assert, so say it first
+            raise RuntimeError(
+                f"'edge_index' has target index {int(tgt.max())}, out of range for the "
+                f"self-loop features (fill_value={fill_value!r}) of num_nodes={num_nodes} "
+                f"nodes (PyG's add_self_loops fails on this input as well)")
+        loop = scatter(attr, tgt, 0, num_nodes, fill_value)
     else:
         raise AttributeError("No valid 'fill_value' provided")  # PyG's error
     return torch.cat([attr, loop], dim=0)
