@@ -123,12 +123,15 @@ def test_layers_on_prepared_batch_match(name, device):
     info = G.cache_info()
     assert info["misses"] == 0, info          # no layer converted the graph
     assert info["hits"] == len(convs) and info["stale"] == 0, info
-    # identical CSR -> identical computation: bitwise equal
-    torch.testing.assert_close(out, expect, rtol=0, atol=0)
-    torch.testing.assert_close(x.grad, expect_xgrad, rtol=0, atol=0)
+    # identical CSR -> identical computation: bitwise equal on the CPU; on CUDA the
+    # float64 path's scatter-adds (atomics) sum in a varying order, so a few
+    # float64 roundoffs
+    tol = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(out, expect, **tol)
+    torch.testing.assert_close(x.grad, expect_xgrad, **tol)
     assert len(grads) == len(expect_grads)
     for a, e in zip(grads, expect_grads):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)
+        torch.testing.assert_close(a, e, **tol)
 
 
 def test_changed_edge_index_after_attach_is_not_served_stale():
