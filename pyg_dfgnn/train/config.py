@@ -62,7 +62,7 @@ class DataConfig:
     gen_seed: Optional[int] = _f(0, help="seed of the SBM / synthetic generator "
                                          "(null = the run's seed)")
     num_workers: int = _f(0, help="DataLoader worker processes")
-    prepare_graphs: bool = _f(True, help="backend=fused, graph data sets, num_workers > 0: "
+    prepare_graphs: bool = _f(False, help="backend=fused, graph data sets, num_workers > 0: "
                                          "build each batch's CSR in the DataLoader workers "
                                          "and hand it to the layers' graph cache "
                                          "(pyg_dfgnn.data.PrepareGraphs); false (or "

@@ -34,7 +34,8 @@ def test_prepared_graphs_hit_the_cache_and_change_nothing(tmp_path, tiny_args, m
     assert main(tiny_args(*extra, "data.prepare_graphs=false", out="plain")) == 0
     assert G.cache_info()["misses"] > 0          # the layers converted every batch
     G.clear_cache()
-    assert main(tiny_args(*extra, "data.num_workers=2", out="prep")) == 0
+    assert main(tiny_args(*extra, "data.num_workers=2", "data.prepare_graphs=true",
+                          out="prep")) == 0
     info = G.cache_info()
     assert info["misses"] == 0 and info["hits"] > 0 and info["stale"] == 0, info
     plain, prep = _results(tmp_path / "plain"), _results(tmp_path / "prep")
@@ -49,7 +50,8 @@ def test_no_preparation_without_workers(tmp_path, tiny_args, capsys):
     """With data.num_workers=0 the CPU conversion would sit on the step's critical
     path: the layers convert on the device as before, and the log says so."""
     G.clear_cache()
-    assert main(tiny_args("epochs=1", "backend=fused", "data.num_workers=0")) == 0
+    assert main(tiny_args("epochs=1", "backend=fused", "data.num_workers=0",
+                          "data.prepare_graphs=true")) == 0
     assert "graph preparation: off with data.num_workers=0" in capsys.readouterr().out
     assert _results(tmp_path / "run")["training"]["prepared_graphs"] is None
     assert G.cache_info()["misses"] > 0
