@@ -6,8 +6,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .graph import CSRGraph, get_graph, build_graph, clear_cache  # noqa: F401
-from . import ops  # noqa: F401  (registers the dfgnn:: custom ops)
+# Nothing heavy at import time: torch, PyG and the custom ops load on first use
+# (``pyg_dfgnn.nn`` / ``pyg_dfgnn.ops`` / the names below), so the ``dfgnn``
+# command starts fast and a Ctrl-C while torch loads is handled by the CLI
+# (exit 130) instead of printing a traceback.
+_GRAPH_NAMES = ("CSRGraph", "get_graph", "build_graph", "clear_cache")
 
 
 def build(verbose: bool = False):
@@ -17,7 +20,10 @@ def build(verbose: bool = False):
 
 
 def __getattr__(name):  # lazy: keep `import pyg_dfgnn` light
-    if name in ("nn", "schedule", "data", "train", "bench"):
+    if name in _GRAPH_NAMES:
+        from . import graph
+        return getattr(graph, name)
+    if name in ("nn", "ops", "graph", "schedule", "data", "train", "bench"):
         import importlib
         return importlib.import_module(f".{name}", __name__)
     if name in ("patch_pyg", "unpatch_pyg", "patched", "is_patched"):

@@ -46,3 +46,16 @@ def test_subcommand_help(cmd, capsys):
         assert rc == 0
     assert "usage: dfgnn " + cmd in capsys.readouterr().out
 
+
+
+def test_import_is_light_so_ctrl_c_during_startup_is_handled():
+    """``import pyg_dfgnn`` (what the ``dfgnn`` command does first) loads
+    neither torch nor PyG: they load inside ``cli.main``, whose Ctrl-C handler
+    exits 130 without a traceback."""
+    import subprocess
+    import sys
+    code = ("import sys, pyg_dfgnn, pyg_dfgnn.cli; "
+            "print(any(m in sys.modules for m in ('torch', 'torch_geometric')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
