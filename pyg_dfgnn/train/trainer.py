@@ -895,6 +895,11 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         resume_ckpt = (ckpt, path)
     dist = D.setup(cfg.device)
     try:
-        return _Run(cfg, dist, resume_ckpt).run()
+        result = _Run(cfg, dist, resume_ckpt).run()
+        # every rank finished before the process group goes away: a rank that
+        # destroyed its gloo group while the other was still writing the results
+        # aborted ("terminate called without an active exception") about 1 run in 10
+        D.barrier()
+        return result
     finally:
         D.cleanup()
