@@ -37,6 +37,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "../cuda/attention_schema.h"  // the op schemas, shared with the CUDA build
+
 namespace dfgnn_cpu {
 namespace {
 
@@ -680,16 +682,8 @@ std::vector<at::Tensor> attention_bwd(
 }  // namespace dfgnn_cpu
 
 TORCH_LIBRARY(dfgnn_cpu, m) {
-  m.def("attention_fwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "
-        "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "
-        "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "
-        "bool need_alpha, int[] sched, Tensor? work, Tensor? merge, Tensor? t_work, "
-        "Tensor? t_merge) -> (Tensor, Tensor, Tensor)");
-  m.def("attention_bwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "
-        "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "
-        "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "
-        "Tensor out, Tensor lse, Tensor grad_out, int[] sched, Tensor? work, Tensor? merge, "
-        "Tensor? t_work, Tensor? t_merge) -> Tensor[]");
+  m.def(DFGNN_ATTENTION_FWD_SCHEMA);
+  m.def(DFGNN_ATTENTION_BWD_SCHEMA);
 }
 
 TORCH_LIBRARY_IMPL(dfgnn_cpu, CPU, m) {

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "attention_api.h"
+#include "attention_schema.h"
 
 namespace dfgnn {
 namespace {
@@ -196,16 +197,8 @@ std::vector<at::Tensor> attention_bwd(
 }  // namespace dfgnn
 
 TORCH_LIBRARY(dfgnn_C, m) {
-  m.def("attention_fwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "
-        "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "
-        "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "
-        "bool need_alpha, int[] sched, Tensor? work, Tensor? merge, Tensor? t_work, "
-        "Tensor? t_merge) -> (Tensor, Tensor, Tensor)");
-  m.def("attention_bwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "
-        "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "
-        "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "
-        "Tensor out, Tensor lse, Tensor grad_out, int[] sched, Tensor? work, Tensor? merge, "
-        "Tensor? t_work, Tensor? t_merge) -> Tensor[]");
+  m.def(DFGNN_ATTENTION_FWD_SCHEMA);
+  m.def(DFGNN_ATTENTION_BWD_SCHEMA);
 }
 
 TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {

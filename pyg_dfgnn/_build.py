@@ -280,7 +280,7 @@ def _cpu_isa() -> str:
 def cpu_cache_dir() -> Path:
     root = cache_root()
     h = hashlib.sha256()
-    for p in cpu_sources():
+    for p in [*cpu_sources(), CUDA_DIR / "attention_schema.h"]:  # + the shared schemas
         h.update(p.name.encode())
         h.update(p.read_bytes())
     h.update(" ".join(sum(_cpu_flags(), [])).encode())

@@ -1,0 +1,19 @@
+// Schemas of the fused attention ops, shared by the CUDA registration
+// (cuda/dfgnn_ops.cpp, library dfgnn_C) and the CPU one (cpu/attention_cpu.cpp,
+// library dfgnn_cpu).  The public ops dfgnn::attention_fwd / attention_bwd
+// (pyg_dfgnn/ops/fused.py) call them with these arguments.
+#pragma once
+
+#define DFGNN_ATTENTION_FWD_SCHEMA                                                            \
+  "attention_fwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "       \
+  "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "       \
+  "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "              \
+  "bool need_alpha, int[] sched, Tensor? work, Tensor? merge, Tensor? t_work, "              \
+  "Tensor? t_merge) -> (Tensor, Tensor, Tensor)"
+
+#define DFGNN_ATTENTION_BWD_SCHEMA                                                            \
+  "attention_bwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "       \
+  "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "       \
+  "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "              \
+  "Tensor out, Tensor lse, Tensor grad_out, int[] sched, Tensor? work, Tensor? merge, "      \
+  "Tensor? t_work, Tensor? t_merge) -> Tensor[]"
