@@ -429,6 +429,8 @@ def _same_content(old: Tuple[Tuple, Any], tensors) -> bool:
     """Same shapes and fingerprints in the slots present when ``old`` was
     taken (a slot filled lazily since, like a SparseTensor's ``row``, is
     derived from the others)."""
+    if old is None:   # not fingerprinted when cached (see _GraphCache.get)
+        return False
     shapes, hashes = old
     if len(shapes) != len(tensors):
         return False
@@ -447,7 +449,7 @@ def _same_content(old: Tuple[Tuple, Any], tensors) -> bool:
 
 class _Entry(NamedTuple):
     versions: Tuple
-    content: Tuple[Tuple, Any]
+    content: Optional[Tuple[Tuple, Any]]
     graph: "CSRGraph"
 
 
@@ -481,14 +483,17 @@ class _GraphCache:
                     hit = entries[1].get(key)
                 else:
                     self._d.pop(oid, None)
+        skip = _skip_content(tensors, vers, trusted)
         if hit is not None and _same_versions(hit.versions, vers):
-            unversioned = -1 in vers
-            skip = not unversioned and (trusted or (not _STRICT[0] and _on_accelerator(tensors)))
             if skip or _same_content(hit.content, tensors):
                 self.hits += 1
                 return hit.graph
             self.stale += 1
-        content = _fingerprints(tensors)  # of the content the graph is built from
+        # the fingerprint of the content the graph is built from -- only where a
+        # later hit will compare it (a CUDA miss per training batch would
+        # otherwise pay two passes over the indices for nothing; an entry
+        # without one is rebuilt if strict_cache() is switched on later)
+        content = None if skip else _fingerprints(tensors)
         graph = build()
         self.misses += 1
         self.put(adj, key, _Entry(vers, content, graph))
@@ -534,6 +539,15 @@ def strict_cache(enabled: bool = True) -> bool:
 
 def _on_accelerator(tensors) -> bool:
     return any(t is not None and t.device.type != "cpu" for t in tensors)
+
+
+def _skip_content(tensors, vers, trusted: bool) -> bool:
+    """Whether a cache hit is accepted on its version counters alone: never for
+    unversioned (inference) tensors; for trusted adjacencies and, unless
+    strict_cache() is on, for accelerator tensors (module docstring)."""
+    if -1 in vers:
+        return False
+    return trusted or (not _STRICT[0] and _on_accelerator(tensors))
 
 
 def clear_cache() -> None:
