@@ -169,9 +169,8 @@ def _attention_bwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
 def _attention_bwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
                        out, lse, grad_out, sched, work, merge, t_work, t_merge):
-    # lse [2, N, H] comes from the CPU kernel's forward; the reference's own
-    # forward (float64, fallback) is always paired with the reference backward
-    ops = _cpu_ops(kind, src_feat, value) if lse.dim() == 3 else None
+    # the same choice as the forward (it depends on the inputs only)
+    ops = _cpu_ops(kind, src_feat, value)
     if ops is None:
         return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
                                       edge, att, scale, negative_slope, dropout_p,
@@ -227,41 +226,37 @@ def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-class EagerAttention(torch.autograd.Function):
-    """The same forward/backward pair as ``dfgnn::attention_fwd`` for eager CUDA
+def _eager_function(name: str, fwd, bwd, doc: str) -> type:
+    """An autograd Function running ``fwd`` / ``bwd`` (the per-device
+    implementations of ``dfgnn::attention_fwd`` / ``attention_bwd``) directly,
+    with the same saved context as the custom op's autograd."""
+
+    def forward(ctx, *args):
+        output = fwd(*args)
+        _setup_context(ctx, args, output)
+        return output
+
+    def backward(ctx, grad_out, _grad_lse, _grad_alpha):
+        return _backward_with(bwd, ctx, grad_out)
+
+    return type(name, (torch.autograd.Function,),
+                {"__doc__": doc, "forward": staticmethod(forward),
+                 "backward": staticmethod(backward)})
+
+
+EagerAttention = _eager_function("EagerAttention", _attention_fwd_cuda, _attention_bwd_cuda, """
+    The same forward/backward pair as ``dfgnn::attention_fwd`` for eager CUDA
     calls, without the custom-op dispatch layers: those cost ~0.35 ms of host
     time per forward+backward (measured on the device machine with
     ``scripts/profile_op.py --host``), as much as the kernels themselves on a
     PATTERN batch.  Arguments and outputs are those of ``attention_fwd``.
-    Under ``torch.compile`` (and on other devices) the custom op is used.
-    """
+    Under ``torch.compile`` (and on other devices) the custom op is used.""")
 
-    @staticmethod
-    def forward(ctx, *args):
-        output = _attention_fwd_cuda(*args)
-        _setup_context(ctx, args, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_lse, _grad_alpha):
-        return _backward_with(_attention_bwd_cuda, ctx, grad_out)
-
-
-class EagerAttentionCPU(torch.autograd.Function):
-    """:class:`EagerAttention` for eager CPU calls: the CPU implementations of
+EagerAttentionCPU = _eager_function("EagerAttentionCPU", _attention_fwd_cpu, _attention_bwd_cpu, """
+    :class:`EagerAttention` for eager CPU calls: the CPU implementations of
     the custom ops (C++ kernels, or the reference where they do not apply)
     without the dispatch layers, which cost about as much as the kernels on
-    small graphs (PATTERN batches)."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        output = _attention_fwd_cpu(*args)
-        _setup_context(ctx, args, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_lse, _grad_alpha):
-        return _backward_with(_attention_bwd_cpu, ctx, grad_out)
+    small graphs (PATTERN batches).""")
 
 
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
