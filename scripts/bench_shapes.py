@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,10 +22,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_geometric.nn as pygnn  # noqa: E402
 
 import pyg_dfgnn.nn as dnn  # noqa: E402
 from pyg_dfgnn.bench.graphs import load_graph  # noqa: E402
+from tune_schedule import timed_interleaved  # noqa: E402
 
 GRAPHS = [
     {"name": "uniform_100k", "kind": "uniform", "num_nodes": 100000, "num_edges": 1600000,
@@ -55,18 +56,6 @@ def build(name, heads, feat, dtype, dev, n):
     return ref, ours, x
 
 
-def timed(fn, reps):
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
-
-
 def measure(mods, x, ei, reps, warmup):
     """Interleaved medians (ms) of fwd and fwd+bwd, and peak MiB of fwd+bwd."""
     res = {}
@@ -80,15 +69,12 @@ def measure(mods, x, ei, reps, warmup):
         out = m(xs, ei)
         out.backward(torch.ones_like(out))
 
-    for _ in range(warmup):
-        for m in mods.values():
-            fwd(m)
-            fb(m)
-    times = {k: {"fwd": [], "fb": []} for k in mods}
-    for _ in range(reps):
-        for k, m in mods.items():
-            times[k]["fwd"] += timed(lambda: fwd(m), 1)
-            times[k]["fb"] += timed(lambda: fb(m), 1)
+    # every (contender, pass) timed round-robin with CUDA events (tune_schedule.py)
+    fns = {}
+    for k, m in mods.items():
+        fns[k, "fwd"] = lambda m=m: fwd(m)
+        fns[k, "fb"] = lambda m=m: fb(m)
+    med = timed_interleaved(fns, warmup=warmup, reps=reps)
     for k, m in mods.items():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -97,8 +83,7 @@ def measure(mods, x, ei, reps, warmup):
         fb(m)
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        res[k] = {"fwd_ms": statistics.median(times[k]["fwd"]),
-                  "fb_ms": statistics.median(times[k]["fb"]), "peak_mib": peak}
+        res[k] = {"fwd_ms": med[k, "fwd"], "fb_ms": med[k, "fb"], "peak_mib": peak}
         for p in m.parameters():
             p.grad = None
     return res

@@ -19,6 +19,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_shapes as bs  # noqa: E402
 
 
+def wall_and_kernels(fn, reps, warmup=3):
+    """``(wall ms per call, GPU kernel ms per call, CUDA profiler events)`` of
+    ``fn`` over ``reps`` calls after ``warmup``: the wall time unprofiled, the
+    kernel time from a second, profiled round of calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / reps * 1e3
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.key_averages() if e.device_time_total > 0
+           and e.device_type.name == "CUDA"]
+    return wall, sum(e.device_time_total for e in evs) / reps / 1e3, evs
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--layer", default="gat")
@@ -45,21 +66,7 @@ def main(argv=None):
         out.backward(torch.ones_like(out))
 
     for name, fn in (("forward", fwd), ("forward+backward", fb)):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(a.reps):
-            fn()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / a.reps * 1e3
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(a.reps):
-                fn()
-            torch.cuda.synchronize()
-        evs = [e for e in prof.key_averages() if e.device_time_total > 0
-               and e.device_type.name == "CUDA"]
-        gpu = sum(e.device_time_total for e in evs) / a.reps / 1e3
+        wall, gpu, evs = wall_and_kernels(fn, a.reps)
         print(f"== {a.layer} {a.shape} {a.dtype} {a.graph} {name}: wall {wall:.3f} ms/call, "
               f"GPU kernels {gpu:.3f} ms/call")
         for e in sorted(evs, key=lambda e: -e.device_time_total)[:a.rows]:

@@ -13,13 +13,13 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_layer import wall_and_kernels  # noqa: E402
 from pyg_dfgnn.data import pattern_like_batch  # noqa: E402
 from pyg_dfgnn.train.config import load_config  # noqa: E402
 from pyg_dfgnn.train.models import build_model  # noqa: E402
@@ -48,20 +48,7 @@ def main(argv=None):
         loss.backward()
         opt.step()
 
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        step()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / a.steps * 1e3
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(a.steps):
-            step()
-        torch.cuda.synchronize()
-    gpu = sum(e.device_time_total for e in prof.key_averages()
-              if e.device_type.name == "CUDA") / a.steps / 1e3
+    wall, gpu, _ = wall_and_kernels(step, a.steps, warmup=5)
     print(f"{Path(a.config).stem} {a.backend}: {wall:.2f} ms/step wall, {gpu:.2f} ms/step GPU "
           f"kernels ({100 * gpu / wall:.0f}% busy), batch of {a.graphs} graphs "
           f"({b.num_nodes} nodes, {b.edge_index.size(1)} edges)", flush=True)
