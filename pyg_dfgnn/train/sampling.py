@@ -340,12 +340,8 @@ class SampledNodeTraining:
         bar = self._batches(loader, f"epoch {epoch}/{run.cfg.epochs}")
         for i, batch in enumerate(bar):
             batch = batch.to(run.device, non_blocking=True)
-            out = self._forward(run.model, batch)
             y = batch.y[:batch.batch_size]
-            loss = run._loss(out, y)
-            run.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            run.opt.step()
+            out, loss = run.optimize(lambda: self._forward(run.model, batch), y)
             loss_sum[0] += loss.detach().double() * y.numel()
             loss_sum[1] += y.numel()
             counter.update(out.detach(), y)
@@ -372,9 +368,11 @@ class SampledNodeTraining:
         loss_sum = torch.zeros(2, dtype=torch.float64, device=run.device)
         for batch in loader:
             batch = batch.to(run.device, non_blocking=True)
-            out = self._forward(model, batch)
             y = batch.y[:batch.batch_size]
-            loss_sum[0] += run._loss(out, y).double() * y.numel()
+            with run._autocast():
+                out = self._forward(model, batch)
+                loss = run._loss(out, y)
+            loss_sum[0] += loss.double() * y.numel()
             loss_sum[1] += y.numel()
             counter.update(out, y)
         D.all_reduce_sum(loss_sum)

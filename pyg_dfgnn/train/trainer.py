@@ -398,6 +398,19 @@ class _Run:
     def _forward(self, model, batch):
         return model(batch.x, batch.edge_index, lap_pe=getattr(batch, "lap_pe", None))
 
+    def optimize(self, forward, y):
+        """One optimiser step: ``forward()`` and the loss against ``y`` under the
+        run's precision (autocast; GradScaler for fp16); returns ``(out, loss)``.
+        Every training loop (graph batches, sampled subgraphs) goes through here."""
+        with self._autocast():
+            out = forward()
+            loss = self._loss(out, y)
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        return out, loss
+
     # ---------------------------------------------------------------- epochs
     def train_epoch_graphs(self, epoch: int) -> Dict[str, float]:
         self.model.train()
@@ -412,13 +425,7 @@ class _Run:
                             dynamic_ncols=True, file=sys.stderr)
         for i, batch in enumerate(it):
             batch = self._to_device(batch)
-            with self._autocast():
-                out = self._forward(self.model, batch)
-                loss = self._loss(out, batch.y)
-            self.opt.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
+            out, loss = self.optimize(lambda: self._forward(self.model, batch), batch.y)
             loss_sum[0] += loss.detach().double()
             loss_sum[1] += 1
             counter.update(out.detach(), batch.y)
@@ -454,15 +461,10 @@ class _Run:
         # full batch: every rank computes the same step (DDP just replicates)
         self.model.train()
         d = self.full
-        with self._autocast():
-            out = self.model(d.x, d.edge_index)
-            loss = self._loss(out[d.train_mask], d.y[d.train_mask])
-        self.opt.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.opt)
-        self.scaler.update()
+        y = d.y[d.train_mask]
+        out, loss = self.optimize(lambda: self.model(d.x, d.edge_index)[d.train_mask], y)
         c = ConfusionCounter(self.bundle.num_classes, self.device)
-        c.update(out.detach()[d.train_mask], d.y[d.train_mask])
+        c.update(out.detach(), y)
         return {"loss": float(loss.detach()), "metric": c.metric(self.metric_name)}
 
     @torch.no_grad()

@@ -234,3 +234,27 @@ def test_ddp_two_ranks_sampled(tmp_path):
     assert 0 <= r["metrics"]["test_metric"] <= 100
     ckpt = torch.load(out / "checkpoint_last.pt", weights_only=True)
     assert ckpt["epoch"] == 2 and ckpt["config"]["data"]["loader"] == "neighbor"
+
+
+@pytest.mark.skipif(not fused_available(), reason="pyg_dfgnn.nn is not importable")
+def test_sampled_training_honours_precision(tmp_path, monkeypatch):
+    """Sampled training goes through the trainer's optimiser step: precision=bf16
+    runs the fused op in bf16 in training and evaluation (it ran fp32 before)."""
+    import pyg_dfgnn.ops.fused as fused
+    from pyg_dfgnn.train.cli import main
+    seen = []
+    orig = fused.attention
+
+    def spy(kind, *args):
+        seen.append(args[7].dtype)  # src_feat
+        return orig(kind, *args)
+    monkeypatch.setattr(fused, "attention", spy)
+    out = tmp_path / "run"
+    assert main([str(CONFIGS / "cora_gat_sampled_quick.yaml")] + TINY_SAMPLED
+                + ["backend=fused", "epochs=1", "precision=bf16", f"out_dir={out}",
+                   f"data.root={tmp_path / 'data'}", "checkpoint.enabled=false"]) == 0
+    with open(out / "results.json") as f:
+        r = json.load(f)
+    assert r["training"]["precision"] == "bf16"
+    assert seen and set(seen) == {torch.bfloat16}
+    assert math.isfinite(r["metrics"]["final_train_loss"])
