@@ -51,16 +51,25 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1) -> int:
     return padded_width(chans, dt)
 
 
+def paddable(lin, heads: int, chans: int) -> bool:
+    """Whether ``lin`` is a plain linear map with an initialised ``[heads*chans,
+    in]`` weight, whose rows :func:`padded_linear` can pad."""
+    w = getattr(lin, "weight", None)
+    return (isinstance(w, Tensor)
+            and not isinstance(w, torch.nn.parameter.UninitializedParameter)
+            and w.dim() == 2 and w.size(0) == heads * chans)
+
+
 def padded_linear(lin, x: Tensor, heads: int, chans: int, width: int) -> Optional[Tensor]:
     """``lin(x)`` as ``[N, heads, width]`` with zero columns ``chans..width-1``
-    in every head, from one GEMM; ``None`` when ``lin`` is not a plain
-    (initialised) linear map, and the caller uses its usual path."""
-    w = getattr(lin, "weight", None)
-    if (not isinstance(w, Tensor) or isinstance(w, torch.nn.parameter.UninitializedParameter)
-            or w.dim() != 2 or w.size(0) != heads * chans):
-        return None
+    in every head, from one GEMM (``lin(x)`` viewed as ``[N, heads, chans]``
+    when ``width == chans``); ``None`` when padding is asked for but ``lin`` is
+    not :func:`paddable`, and the caller uses its usual path."""
     if width == chans:
         return lin(x).view(-1, heads, chans)
+    if not paddable(lin, heads, chans):
+        return None
+    w = lin.weight
     pad = width - chans
     wp = F.pad(w.view(heads, chans, w.size(1)), (0, 0, 0, pad)).view(heads * width, -1)
     b = getattr(lin, "bias", None)

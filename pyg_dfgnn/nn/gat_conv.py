@@ -9,7 +9,7 @@ from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from ..ops import gat_attention
-from ._padded import gpu_bound, kernel_width, padded_linear, unpad
+from ._padded import gpu_bound, kernel_width, paddable, padded_linear, unpad
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, resolve_adjacency)
 
@@ -92,13 +92,11 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             assert x.dim() == 2, "Static graphs not supported in 'GATConv'"
             if self.res is not None:
                 res = self.res(x)
-            width = kernel_width(C, x, H)
-            padded = padded_linear(self.lin, x, H, C, width) if width != C else None
-            if padded is not None:
-                # value rows in the kernels' padded head width (nn/_padded.py)
-                x_src = x_dst = padded
-            elif self.lin is not None:
-                x_src = x_dst = self.lin(x).view(-1, H, C)
+            if self.lin is not None:
+                # value rows in the kernels' padded head width where that pays
+                # (nn/_padded.py); PyG's lin(x).view(-1, H, C) otherwise
+                width = kernel_width(C, x, H) if paddable(self.lin, H, C) else C
+                x_src = x_dst = padded_linear(self.lin, x, H, C, width)
             else:
                 assert self.lin_src is not None and self.lin_dst is not None
                 x_src = self.lin_src(x).view(-1, H, C)

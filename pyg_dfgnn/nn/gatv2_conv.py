@@ -9,7 +9,7 @@ from torch_geometric.nn.conv.gatv2_conv import GATv2Conv as _PyGGATv2Conv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
 from ..ops import gatv2_attention
-from ._padded import kernel_width, padded_linear
+from ._padded import kernel_width, paddable, padded_linear
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, implied_edge_attr, resolve_adjacency)
 
@@ -59,27 +59,19 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
 
         # Node transformations, verbatim from PyG (in the kernels' padded head
         # width where C is not a multiple of the CUDA vector: nn/_padded.py)
-        width = kernel_width(C, x if isinstance(x, Tensor) else x[0], H)
-        if isinstance(x, Tensor) and width != C:
+        width = C
+        if isinstance(x, Tensor) and paddable(self.lin_l, H, C) and paddable(self.lin_r, H, C):
+            width = kernel_width(C, x, H)
+        if isinstance(x, Tensor):
             assert x.dim() == 2
             if self.res is not None:
                 res = self.res(x)
             x_l = padded_linear(self.lin_l, x, H, C, width)
-            x_r = x_l if self.share_weights else padded_linear(self.lin_r, x, H, C, width)
-        if x_l is not None and x_r is not None:
-            pass
-        elif isinstance(x, Tensor):
-            width = C
-            assert x.dim() == 2
-            if self.res is not None:
-                res = self.res(x)
-            x_l = self.lin_l(x).view(-1, H, C)
             if self.share_weights:
                 x_r = x_l
             else:
-                x_r = self.lin_r(x).view(-1, H, C)
+                x_r = padded_linear(self.lin_r, x, H, C, width)
         else:
-            width = C
             x_l, x_r = x[0], x[1]
             assert x[0].dim() == 2
             if x_r is not None and self.res is not None:
