@@ -124,16 +124,6 @@ def estimate_memory(mcfg, backend: str, num_nodes: int, num_edges: int, in_dim: 
     return MemoryEstimate(backend, N, E, parts)
 
 
-def _graph_size(cfg, bundle=None) -> Tuple[int, int]:
-    d = cfg.data
-    if bundle is not None:
-        data = bundle.data
-        return int(data.num_nodes), int(data.num_edges)
-    if d.name in ("synthetic_uniform", "synthetic_powerlaw"):
-        return int(d.num_nodes), int(d.num_edges)
-    raise ValueError("the graph size of this data set is known only after loading it")
-
-
 def estimate_for_config(cfg, in_dim: int, num_classes: int, num_params: int,
                         num_nodes: int, num_edges: int, categorical: bool = False,
                         elem_bytes: int = 4) -> MemoryEstimate:
