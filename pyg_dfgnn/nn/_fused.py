@@ -191,7 +191,7 @@ def _pyg_loops(adj: Any, edge_attr: Optional[Tensor], fill_value: Any,
 
 
 def looped_edge_attr(edge_index: Tensor, edge_attr: Tensor, fill_value: Any,
-                     num_nodes: int) -> Tensor:
+                     num_nodes: int, num_dst: Optional[int] = None) -> Tensor:
     """The edge features of PyG's ``remove_self_loops`` + ``add_self_loops(
     edge_index, edge_attr, fill_value, num_nodes)`` on an ``edge_index``
     tensor: those of the non-loop edges in their order, then one row per
@@ -203,7 +203,8 @@ def looped_edge_attr(edge_index: Tensor, edge_attr: Tensor, fill_value: Any,
     Unlike PyG's own call, the reduction always runs on an int64 index: with an
     int32 ``edge_index`` the gradient of ``torch``'s scatter with an int32 index
     is wrong (and NaN for ``'max'``/``'min'``), and uint8/int8/int16 indices are
-    widened before any arithmetic.
+    widened before any arithmetic.  ``num_dst`` (the validated number of
+    targets) spares the out-of-range check when it cannot fail.
     """
     from torch_geometric.utils import scatter
     ei = plain(edge_index)
@@ -223,7 +224,10 @@ def looped_edge_attr(edge_index: Tensor, edge_attr: Tensor, fill_value: Any,
         loop = loop.expand(size).contiguous()
     elif isinstance(fill_value, str):
         tgt = ei[1][mask].long()
-        if tgt.numel() and tgt.is_cuda and int(tgt.max()) >= num_nodes:
+        # targets are < num_dst (validated when the graph was converted), so only
+        # num_dst > num_nodes (bipartite) needs the check, and its host sync
+        if (tgt.numel() and tgt.is_cuda and (num_dst is None or num_dst > num_nodes)
+                and int(tgt.max()) >= num_nodes):
             # PyG's add_self_loops indexes out of bounds here (a RuntimeError on the
             # CPU); on CUDA that would be a device-side assert, so say it first
             raise RuntimeError(
@@ -344,7 +348,7 @@ def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
         # graph.py applies remove/add_self_loops itself (cached, PyG's edge order)
         graph = get_graph(edge_index, (ns, nd), loops)
         if ea is not None:
-            ea = looped_edge_attr(edge_index, ea, fill_value, loops)
+            ea = looped_edge_attr(edge_index, ea, fill_value, loops, nd)
         if need_adj:
             if edge_index.dtype in (torch.int64, torch.int32):
                 adj, _ = _pyg_loops(edge_index, None, None, loops)  # PyG's types
