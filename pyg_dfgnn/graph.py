@@ -677,8 +677,10 @@ def attach(adj: Any, graph: CSRGraph, size: Optional[Tuple[int, int]] = None,
                              f"'edge_index' ({E} edges) with its self-loops replaced by "
                              f"{self_loops} loops: it was not prepared from this edge_index")
     tensors = _tensors_of(adj)
+    vers = _versions(tensors)
     if fingerprint is None:
-        content = _fingerprints(tensors)
+        # only where a hit will compare it (as get_graph's own misses do)
+        content = None if _skip_content(tensors, vers, False) else _fingerprints(tensors)
     else:
         if not isinstance(fingerprint, Tensor) or fingerprint.numel() != 1:
             raise ValueError("'fingerprint' must be a one-element int64 tensor "
@@ -689,7 +691,7 @@ def attach(adj: Any, graph: CSRGraph, size: Optional[Tuple[int, int]] = None,
         else:
             content = (shapes, fingerprint.reshape(1).to(adj.device, torch.int64,
                                                          non_blocking=True))
-    _cache.put(adj, (ns, nd, self_loops), _Entry(_versions(tensors), content, graph))
+    _cache.put(adj, (ns, nd, self_loops), _Entry(vers, content, graph))
     return graph
 
 

@@ -12,9 +12,11 @@ from .datasets import (DATASET_NAMES, DataBundle, DataError, add_laplacian_pe,  
                        laplacian_pe, load_data)
 from .prepare import (PREPARED_KEY, PreparedDataLoader, PreparedGraph,  # noqa: F401
                       PrepareGraphs, attach_prepared, prepare_graph)
+from .batching import GraphBatcher, GraphBatchLoader  # noqa: F401
 
 __all__ = ["pattern_like_batch", "SBMDataset", "generate_pattern_graph",
            "generate_cluster_graph", "generate_split", "PATTERN_PARAMS", "CLUSTER_PARAMS",
            "DEFAULT_SIZES", "load_data", "DataBundle", "DataError", "laplacian_pe",
            "add_laplacian_pe", "DATASET_NAMES", "PrepareGraphs", "PreparedDataLoader",
-           "attach_prepared", "prepare_graph", "PreparedGraph", "PREPARED_KEY"]
+           "attach_prepared", "prepare_graph", "PreparedGraph", "PREPARED_KEY",
+           "GraphBatcher", "GraphBatchLoader"]

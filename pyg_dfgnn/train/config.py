@@ -62,7 +62,13 @@ class DataConfig:
     gen_seed: Optional[int] = _f(0, help="seed of the SBM / synthetic generator "
                                          "(null = the run's seed)")
     num_workers: int = _f(0, help="DataLoader worker processes")
-    prepare_graphs: bool = _f(False, help="backend=fused, graph data sets, num_workers > 0: "
+    batcher: str = _f("auto", ("auto", "store", "pyg"),
+                      "graph data sets: store = batches from pyg_dfgnn.data.GraphBatcher "
+                      "(graphs validated and target-sorted once, a batch is a few slice "
+                      "copies; backend=fused: its CSR views built on the device without "
+                      "a host sync); pyg = PyG's DataLoader (num_workers, prepare_graphs); "
+                      "auto = store where the graphs allow it, else pyg")
+    prepare_graphs: bool = _f(False, help="batcher=pyg, backend=fused, num_workers > 0: "
                                          "build each batch's CSR in the DataLoader workers "
                                          "and hand it to the layers' graph cache "
                                          "(pyg_dfgnn.data.PrepareGraphs); false (or "

@@ -69,7 +69,7 @@ class TrainingDiverged(TrainingError):
 #: produced by those values, so changing them would mislabel or mix two runs.
 RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_dir", "resume",
                   "device", "name", "eval_test_every", "log.progress", "log.every",
-                  "checkpoint.enabled", "data.num_workers", "data.prepare_graphs",
+                  "checkpoint.enabled", "data.num_workers", "data.prepare_graphs", "data.batcher",
                   "compile.enabled", "compile.dynamic", "compile.mode", "compile.backend",
                   "compile.fullgraph", "memory_check")
 
@@ -292,6 +292,11 @@ class _Run:
         return self._loader(ds, idx)
 
     def _loader(self, ds, sampler):
+        store = self.stores.get(id(ds))
+        if store is not None:  # same batches as PyG's DataLoader with this sampler
+            from ..data.batching import GraphBatchLoader
+            return GraphBatchLoader(store, self.cfg.batch_size, sampler=sampler,
+                                    device=self.device)
         from torch_geometric.loader import DataLoader
         workers = self.cfg.data.num_workers
         kw = dict(batch_size=self.cfg.batch_size, sampler=sampler, num_workers=workers,
@@ -304,6 +309,8 @@ class _Run:
     def _to_device(self, batch):
         """The batch on the training device; its prepared graphs (if any) handed
         to the layers' graph cache (no host-device sync)."""
+        if self.stores:  # GraphBatchLoader: made on the device, views attached
+            return batch
         batch = batch.to(self.device, non_blocking=self.pin_memory)
         if self.prepare is not None:
             from ..data.prepare import attach_prepared
@@ -335,8 +342,12 @@ class _Run:
         # (only with worker processes: in this process, the CPU conversion would
         # sit on the step's critical path and cost more than the device's)
         self.prepare = None
+        self.stores = {}
         workers = cfg.data.num_workers
-        if cfg.backend == "fused" and cfg.data.prepare_graphs and b.kind == "graphs":
+        if b.kind == "graphs" and cfg.data.batcher != "pyg":
+            self._build_stores()
+        if (cfg.backend == "fused" and cfg.data.prepare_graphs and b.kind == "graphs"
+                and not self.stores):
             from ..data.prepare import PrepareGraphs
             if workers > 0:
                 self.prepare = PrepareGraphs.for_model(self.net)
@@ -367,6 +378,31 @@ class _Run:
         self.model = model
         self.opt = _make_optimizer(cfg, model.parameters())
         self.sched = _make_scheduler(cfg, self.opt)
+
+    def _build_stores(self) -> None:
+        """``data.batcher`` store/auto: one :class:`~pyg_dfgnn.data.GraphBatcher`
+        per split (validated and target-sorted once; with the fused backend the
+        layers' CSR views are built per batch on the device, without a sync)."""
+        from ..data.batching import GraphBatcher
+        from ..data.prepare import PrepareGraphs
+        b, cfg = self.bundle, self.cfg
+        prep = PrepareGraphs.for_model(self.net) if cfg.backend == "fused" else None
+        views = prep.views if prep is not None else ()
+        t0 = time.perf_counter()
+        try:
+            for ds in (b.train, b.val, b.test):
+                if id(ds) not in self.stores:
+                    self.stores[id(ds)] = GraphBatcher(ds, views, build_device=self.device)
+        except ValueError as e:
+            self.stores = {}
+            if cfg.data.batcher == "store":
+                raise ConfigError(f"data.batcher=store: {e}") from None
+            self.log(f"batches: PyG's DataLoader ({e})")
+            return
+        self.log(f"batches: pyg_dfgnn.data.GraphBatcher (built in "
+                 f"{time.perf_counter() - t0:.1f}s"
+                 + (f"; CSR views {list(views)} made on the device per batch" if views
+                    else "") + ")")
 
     def _check_memory(self) -> None:
         """Log the peak-memory estimate of one step; refuse (ConfigError, exit 2) a
@@ -858,7 +894,8 @@ class _Run:
                          "compile": (config_to_dict(self.cfg.compile)
                                      if self.cfg.compile.enabled else False),
                          "prepared_graphs": (None if self.prepare is None
-                                             else list(self.prepare.views))},
+                                             else list(self.prepare.views)),
+                         "batcher": "store" if self.stores else "pyg"},
             "metrics": metrics,
             "stop_reason": stop_reason,
             "resumed_from": self.resumed_from,

@@ -29,7 +29,7 @@ def _losses(r):
 def test_prepared_graphs_hit_the_cache_and_change_nothing(tmp_path, tiny_args, model):
     """Every layer call of training and evaluation hits a prepared graph (no
     conversion at all), and the run is bitwise the same as without preparation."""
-    extra = ["epochs=1", f"model.name={model}", "backend=fused"]
+    extra = ["epochs=1", f"model.name={model}", "backend=fused", "data.batcher=pyg"]
     G.clear_cache()
     assert main(tiny_args(*extra, "data.prepare_graphs=false", out="plain")) == 0
     assert G.cache_info()["misses"] > 0          # the layers converted every batch
@@ -46,12 +46,48 @@ def test_prepared_graphs_hit_the_cache_and_change_nothing(tmp_path, tiny_args, m
     assert prep["metrics"]["test_metric"] == plain["metrics"]["test_metric"]
 
 
+@pytest.mark.parametrize("model", ["gat", "gt"])
+def test_graph_batcher_converts_nothing_and_changes_nothing(tmp_path, tiny_args, model):
+    """data.batcher=store: no layer call of training or evaluation converts a
+    graph (the views come with the batch), and the fused run is bitwise the
+    same as with PyG's DataLoader (each graph's edges are stored in target
+    order, the stable order the conversion gives them anyway, so the kernels
+    see the same CSR)."""
+    extra = ["epochs=2", f"model.name={model}", "backend=fused"]
+    G.clear_cache()
+    assert main(tiny_args(*extra, "data.batcher=pyg", out="pyg")) == 0
+    assert G.cache_info()["misses"] > 0
+    G.clear_cache()
+    assert main(tiny_args(*extra, "data.batcher=store", out="store")) == 0
+    info = G.cache_info()
+    assert info["misses"] == 0 and info["hits"] > 0 and info["stale"] == 0, info
+    ref, ours = _results(tmp_path / "pyg"), _results(tmp_path / "store")
+    assert ours["training"]["batcher"] == "store" and ref["training"]["batcher"] == "pyg"
+    assert _losses(ours) == _losses(ref)
+    assert ours["metrics"]["test_metric"] == ref["metrics"]["test_metric"]
+
+
+def test_graph_batcher_refusal(tmp_path, tiny_args, capsys, monkeypatch):
+    """Graphs the store cannot batch: auto falls back to PyG's DataLoader and
+    says why; batcher=store is a config error (exit 2)."""
+    import pyg_dfgnn.data.batching as batching
+
+    def refuse(self, graphs):
+        raise ValueError("GraphBatcher: attribute 'z' is a str, not a tensor")
+    monkeypatch.setattr(batching.GraphBatcher, "_classify", refuse)
+    assert main(tiny_args("epochs=1", "backend=fused", out="auto")) == 0
+    assert "batches: PyG's DataLoader (GraphBatcher: attribute 'z'" in capsys.readouterr().out
+    assert _results(tmp_path / "auto")["training"]["batcher"] == "pyg"
+    assert main(tiny_args("epochs=1", "data.batcher=store", out="store")) == 2
+    assert "data.batcher=store: GraphBatcher: attribute 'z'" in capsys.readouterr().err
+
+
 def test_no_preparation_without_workers(tmp_path, tiny_args, capsys):
     """With data.num_workers=0 the CPU conversion would sit on the step's critical
     path: the layers convert on the device as before, and the log says so."""
     G.clear_cache()
     assert main(tiny_args("epochs=1", "backend=fused", "data.num_workers=0",
-                          "data.prepare_graphs=true")) == 0
+                          "data.prepare_graphs=true", "data.batcher=pyg")) == 0
     assert "graph preparation: off with data.num_workers=0" in capsys.readouterr().out
     assert _results(tmp_path / "run")["training"]["prepared_graphs"] is None
     assert G.cache_info()["misses"] > 0
