@@ -388,8 +388,7 @@ def _load_prebuilt():
     """``torch.ops.dfgnn_C`` from the prebuilt library when it fits, else ``None``
     (with a warning naming why, then the JIT build runs); without sources to
     build from, an unusable prebuilt library raises :class:`BuildError`."""
-    if os.environ.get("PYG_DFGNN_PREBUILT", "1").strip().lower() in ("0", "false", "no",
-                                                                       "off"):
+    if os.environ.get("PYG_DFGNN_PREBUILT", "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     so = prebuilt_path()
     if so is None:
