@@ -58,6 +58,11 @@ class BuildError(RuntimeError):
 
 
 def sources():
+    """The CUDA extension's sources in ``CUDA_DIR`` (a source checkout), or ``[]``:
+    in an installed (not editable) package ``CUDA_DIR`` is ``site-packages/cuda``,
+    which other packages (cuda-python) own."""
+    if not (CUDA_DIR / "dfgnn_ops.cpp").is_file():
+        return []
     return sorted([*CUDA_DIR.glob("*.cu"), *CUDA_DIR.glob("*.cpp")])
 
 

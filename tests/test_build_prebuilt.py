@@ -18,6 +18,16 @@ from pyg_dfgnn import _build
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def test_sources_only_from_a_checkout(tmp_path, monkeypatch):
+    """Installed (not editable), ``CUDA_DIR`` is ``site-packages/cuda``, which
+    cuda-python owns: its files are not taken for the extension's sources."""
+    (tmp_path / "other.cpp").write_text("int x;")
+    monkeypatch.setattr(_build, "CUDA_DIR", tmp_path)
+    assert _build.sources() == []
+    (tmp_path / "dfgnn_ops.cpp").write_text("")
+    assert [p.name for p in _build.sources()] == ["dfgnn_ops.cpp", "other.cpp"]
+
+
 def test_parse_gencode():
     flags = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
              "-gencode=arch=compute_90,code=compute_90", "-O3"]
