@@ -145,9 +145,10 @@ with warnings.catch_warnings(record=True) as caught:
     out.backward(torch.ones_like(out))
     torch.cuda.synchronize()
     first = time.time() - t0
+ours = [w for w in caught if "pyg_dfgnn" in f"{w.filename} {w.message}"]
 for w in caught:
-    print("warning:", w.message)
-assert not caught, "the first call warned (fallback?)"
+    print("warning:", w.category.__name__, w.message, f"({w.filename}:{w.lineno})")
+assert not ours, "pyg_dfgnn warned on the first call (fallback, prebuilt not used?)"
 print(f"first call (build + forward + backward): {first:.1f} s")
 print("extension:", _build.origin(), "| calls into the CUDA extension:", len(calls))
 assert _build.is_built() and len(calls) >= 2, "the fused CUDA kernels did not run"
