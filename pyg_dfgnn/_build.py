@@ -10,6 +10,15 @@ cache directory keyed by the sources' hash, the torch version and the arch::
 
 so a rebuild happens only when one of them changes.
 
+Ahead of time: ``PYG_DFGNN_FORCE_BUILD=1 TORCH_CUDA_ARCH_LIST="8.0;9.0" pip
+install --no-build-isolation .`` compiles the same sources into the installed
+package (``pyg_dfgnn/_C*.so`` + ``_C_build.json``, see ``setup.py``).
+:func:`load` prefers that prebuilt library when it matches this torch (version,
+CUDA version, C++ ABI), covers the GPU's architecture and, where the sources
+are present, was built from them; otherwise it says why and builds just in
+time (or, without sources, raises :class:`BuildError` naming the cause).
+``PYG_DFGNN_PREBUILT=0`` ignores the prebuilt library.
+
 The first float32/bfloat16 call on CPU tensors compiles
 ``cpu/attention_cpu.cpp`` with the host C++ compiler only (no nvcc; ``-O3
 -march=native``, OpenMP when torch uses it) into
@@ -49,6 +58,11 @@ class BuildError(RuntimeError):
 
 
 def sources():
+    """The CUDA extension's sources in ``CUDA_DIR`` (a source checkout), or ``[]``:
+    in an installed (not editable) package ``CUDA_DIR`` is ``site-packages/cuda``,
+    which other packages (cuda-python) own."""
+    if not (CUDA_DIR / "dfgnn_ops.cpp").is_file():
+        return []
     return sorted([*CUDA_DIR.glob("*.cu"), *CUDA_DIR.glob("*.cpp")])
 
 
@@ -77,7 +91,7 @@ def cache_dir() -> Path:
     return Path(root) / f"torch{tv}-cu{cuda}-sm{_arch()}-{_source_hash()}"
 
 
-def _check_toolchain() -> None:
+def _check_cuda() -> None:
     if not torch.cuda.is_available():
         raise BuildError("pyg_dfgnn: CUDA is not available (torch.cuda.is_available() is "
                          "False); the fused kernels need an NVIDIA GPU. CPU tensors use the "
@@ -85,9 +99,16 @@ def _check_toolchain() -> None:
     if torch.version.cuda is None:
         raise BuildError("pyg_dfgnn: this torch build has no CUDA support "
                          f"({torch.__version__}); install a CUDA build of torch.")
+
+
+def _check_toolchain() -> None:
+    _check_cuda()
     if not CUDA_DIR.is_dir() or not sources():
-        raise BuildError(f"pyg_dfgnn: CUDA sources not found in {CUDA_DIR}; install the "
-                         "package from its source checkout (pip install -e .).")
+        raise BuildError(f"pyg_dfgnn: CUDA sources not found in {CUDA_DIR} and no prebuilt "
+                         "extension in the package; install the package from its source "
+                         "checkout (pip install -e .) or build it ahead of time "
+                         "(PYG_DFGNN_FORCE_BUILD=1 pip install --no-build-isolation .; "
+                         "see README, GPU section).")
     from torch.utils import cpp_extension
     if cpp_extension.CUDA_HOME is None:
         pip = pip_cuda_home()
@@ -115,6 +136,31 @@ def _nvcc_release(nvcc: Path) -> Optional[str]:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
+def _nvidia_roots():
+    """Every ``site-packages/nvidia`` folder on the import path: the namespace
+    package's portions first, then ``sys.path`` entries that hold one (a regular
+    ``nvidia/__init__.py`` in one site folder hides the other portions from the
+    import system, e.g. in a venv made with ``--system-site-packages`` or with
+    wheels installed by ``pip install --target DIR`` + ``PYTHONPATH``)."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    cands = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    cands += [Path(p or ".") / "nvidia" for p in sys.path]
+    roots, seen = [], set()
+    for r in cands:
+        try:
+            key = r.resolve()
+        except OSError:
+            continue
+        if key not in seen and r.is_dir():
+            seen.add(key)
+            roots.append(r)
+    return roots
+
+
 def pip_cuda_home() -> Optional[dict]:
     """The CUDA toolkit that NVIDIA's PyPI wheels install, if any, for the major
     version of ``torch.version.cuda``; ``None`` if there is none.
@@ -123,18 +169,16 @@ def pip_cuda_home() -> Optional[dict]:
     ``nvidia-cuda-cccl``, ``nvidia-cuda-runtime``; ``cuda-toolkit[nvcc,...]``)
     share one toolkit-like tree ``site-packages/nvidia/cu13/{bin,include,lib,nvvm}``.
     CUDA 12 wheels (``nvidia-cuda-nvcc-cu12`` ...) put each package in its own
-    ``nvidia/<package>/`` folder; their include folders are added.  Returns
+    ``nvidia/<package>/`` folder; their include folders are added.  When the
+    wheels lie in several site folders (the runtime next to torch, nvcc in a
+    venv or ``--target`` folder), the include folders of all of them are used
+    and ``lib`` is the first one holding ``libcudart.so.<major>``.  Returns
     ``{"home", "include", "lib", "release"}``.
     """
     if torch.version.cuda is None:
         return None
     major = torch.version.cuda.split(".")[0]
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        spec = None
-    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    roots = _nvidia_roots()
     for root in roots:
         for home in (root / f"cu{major}", root / "cuda_nvcc"):
             nvcc = home / "bin" / "nvcc"
@@ -143,11 +187,15 @@ def pip_cuda_home() -> Optional[dict]:
             release = _nvcc_release(nvcc)
             if release is None or release.split(".")[0] != major:
                 continue
-            include = [home / "include"]
-            lib = home / "lib"
+            others = [r for r in roots if r != root]
             if home.name == "cuda_nvcc":  # CUDA 12: one folder per package
-                include += [root / n / "include" for n in ("cuda_runtime", "cuda_cccl")]
-                lib = root / "cuda_runtime" / "lib"
+                include = [home / "include"] + [r / n / "include" for r in [root] + others
+                                                for n in ("cuda_runtime", "cuda_cccl")]
+                libs = [r / "cuda_runtime" / "lib" for r in [root] + others]
+            else:
+                include = [home / "include"] + [r / home.name / "include" for r in others]
+                libs = [home / "lib"] + [r / home.name / "lib" for r in others]
+            lib = next((d for d in libs if (d / f"libcudart.so.{major}").exists()), libs[0])
             return {"home": home, "include": [p for p in include if p.is_dir()], "lib": lib,
                     "release": release}
     return None
@@ -202,6 +250,11 @@ def load(verbose: bool = False):
         if _error is not None:
             raise BuildError(str(_error)) from _error
         try:
+            _check_cuda()
+            pre = _load_prebuilt()
+            if pre is not None:
+                _module = pre
+                return _module
             _check_toolchain()
             from torch.utils.cpp_extension import load as _load
             build_dir = cache_dir()
@@ -223,6 +276,7 @@ def load(verbose: bool = False):
                             with_cuda=True, is_python_module=False)
             # the library registers torch.ops.dfgnn_C.* (TORCH_LIBRARY); no Python module
             _module = torch.ops.dfgnn_C
+            _set_origin(f"jit {build_dir}")
             if fresh:
                 print(f"pyg_dfgnn: CUDA kernels built in {time.time() - t0:.1f}s",
                       file=sys.stderr, flush=True)
@@ -237,6 +291,134 @@ def load(verbose: bool = False):
 
 def is_built() -> bool:
     return _module is not None
+
+
+_origin: Optional[str] = None
+
+
+def _set_origin(o: str) -> None:
+    global _origin
+    _origin = o
+
+
+def origin() -> Optional[str]:
+    """Where the loaded CUDA extension came from: ``"prebuilt <path>"``,
+    ``"jit <build dir>"``, or ``None`` before :func:`load`."""
+    return _origin
+
+
+# --------------------------------------------------------------------------- #
+# ahead-of-time build: PYG_DFGNN_FORCE_BUILD=1 pip install --no-build-isolation .
+# --------------------------------------------------------------------------- #
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+PREBUILT_NAME = "_C"  # pyg_dfgnn/_C<EXT_SUFFIX>, no Python module (TORCH_LIBRARY only)
+PREBUILT_INFO = "_C_build.json"
+
+
+def prebuilt_path() -> Optional[Path]:
+    """The ahead-of-time built library in the package, or ``None``."""
+    import importlib.machinery
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = PACKAGE_DIR / f"{PREBUILT_NAME}{suffix}"
+        if p.is_file():
+            return p
+    return None
+
+
+def build_key() -> dict:
+    """What a prebuilt library must have been built against to load here."""
+    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "cxx11_abi": bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))}
+
+
+def parse_gencode(flags) -> dict:
+    """``{"sm": [...], "ptx": [...]}`` (e.g. ``"90"``, ``"90a"``) from nvcc
+    ``-gencode=arch=compute_XY,code=...`` flags."""
+    import re
+    sm, ptx = [], []
+    for f in flags:
+        m = re.search(r"arch=compute_(\w+),code=\[?([\w,]+)\]?", f)
+        if not m:
+            continue
+        for code in m.group(2).split(","):
+            if code.startswith("sm_"):
+                sm.append(code[3:])
+            elif code.startswith("compute_"):
+                ptx.append(code[8:])
+    return {"sm": sorted(set(sm)), "ptx": sorted(set(ptx))}
+
+
+def arch_covered(sm, ptx, capability) -> bool:
+    """Can code built for ``sm`` (machine code) / ``ptx`` (JIT-able PTX) run on
+    a GPU of ``capability`` ``(major, minor)``?  Machine code runs on the same
+    major version with an equal or higher minor, except architecture-specific
+    targets (``90a``, ``100f``) that run on exactly their own; PTX runs on any
+    equal or newer GPU."""
+    major, minor = capability
+    dev = major * 10 + minor
+
+    def num(code):
+        digits = "".join(c for c in code if c.isdigit())
+        return int(digits) if digits else -1
+
+    for code in sm:
+        n = num(code)
+        if code[-1:].isalpha():
+            if n == dev:
+                return True
+        elif n // 10 == major and n % 10 <= minor:
+            return True
+    return any(0 <= num(code) <= dev for code in ptx)
+
+
+def _prebuilt_problem(info: dict) -> Optional[str]:
+    """Why the prebuilt library described by ``info`` cannot be used here, or ``None``."""
+    want = build_key()
+    for key, what in (("torch", "torch"), ("cuda", "CUDA"), ("cxx11_abi", "C++ ABI")):
+        if info.get(key) != want[key]:
+            return (f"it was built for {what} {info.get(key)!r}, this process has "
+                    f"{want[key]!r}")
+    cap = torch.cuda.get_device_capability()
+    if not arch_covered(info.get("sm", []), info.get("ptx", []), cap):
+        return (f"it holds code for sm {info.get('sm', [])} / PTX {info.get('ptx', [])}, "
+                f"not for this GPU (sm_{cap[0]}{cap[1]}); set TORCH_CUDA_ARCH_LIST "
+                f"to include {cap[0]}.{cap[1]} when building")
+    if sources() and info.get("source_hash") != _source_hash():
+        return f"the CUDA sources in {CUDA_DIR} changed since it was built"
+    return None
+
+
+def _load_prebuilt():
+    """``torch.ops.dfgnn_C`` from the prebuilt library when it fits, else ``None``
+    (with a warning naming why, then the JIT build runs); without sources to
+    build from, an unusable prebuilt library raises :class:`BuildError`."""
+    if os.environ.get("PYG_DFGNN_PREBUILT", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    so = prebuilt_path()
+    if so is None:
+        return None
+    import json
+    try:
+        info = json.loads((so.parent / PREBUILT_INFO).read_text())
+        problem = _prebuilt_problem(info)
+    except (OSError, ValueError) as e:
+        problem = f"its build record {so.parent / PREBUILT_INFO} is unreadable ({e})"
+    if problem is None:
+        try:
+            torch.ops.load_library(str(so))
+            _set_origin(f"prebuilt {so}")
+            return torch.ops.dfgnn_C
+        except (OSError, RuntimeError) as e:
+            problem = f"loading it failed ({' '.join(str(e).split())[:300]})"
+    msg = f"pyg_dfgnn: the prebuilt CUDA extension {so} is not used: {problem}"
+    if not sources():
+        raise BuildError(msg + "; rebuild it (PYG_DFGNN_FORCE_BUILD=1 pip install "
+                         "--no-build-isolation ., see README, GPU section) or install "
+                         "from a source checkout (pip install -e .).")
+    import warnings
+    warnings.warn(msg + "; building just in time instead.", RuntimeWarning, stacklevel=4)
+    return None
 
 
 # --------------------------------------------------------------------------- #

@@ -43,7 +43,7 @@ def _build(argv: List[str]) -> int:
     except b.BuildError as e:
         print(str(e), file=sys.stderr)
         return 1
-    print(f"pyg_dfgnn: CUDA extension ready in {b.cache_dir()}")
+    print(f"pyg_dfgnn: CUDA extension ready ({b.origin()})")
     return 0
 
 

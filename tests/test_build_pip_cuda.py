@@ -57,3 +57,28 @@ def test_finds_wheel_nvcc_and_links_cudart(wheel_env, monkeypatch):
 def test_ignores_wheel_of_another_cuda_major(wheel_env):
     _fake_tree(wheel_env / "site", release="12.8", major="13")  # mislabelled tree
     assert _build.pip_cuda_home() is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fake nvcc is a shell script")
+def test_wheels_split_over_two_site_folders(wheel_env):
+    """nvcc in one site folder (a venv, pip install --target), the runtime next to
+    torch in another whose ``nvidia/__init__.py`` makes it a regular package that
+    hides the first from the import system: both are still found and used."""
+    home = _fake_tree(wheel_env / "site")
+    (home / "lib" / "libcudart.so.13").unlink()  # the runtime lives with torch
+    torch_site = wheel_env / "torch_site"
+    rt = torch_site / "nvidia" / "cu13"
+    (rt / "include").mkdir(parents=True)
+    (rt / "lib").mkdir()
+    (rt / "lib" / "libcudart.so.13").write_bytes(b"")
+    (torch_site / "nvidia" / "__init__.py").write_text("")
+    sys.path.append(str(torch_site))
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia")
+        assert list(spec.submodule_search_locations) == [str(torch_site / "nvidia")]
+        found = _build.pip_cuda_home()
+    finally:
+        sys.path.remove(str(torch_site))
+    assert found["home"] == home and found["lib"] == rt / "lib"
+    assert found["include"] == [home / "include", rt / "include"]
