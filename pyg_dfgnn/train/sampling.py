@@ -33,6 +33,7 @@ metrics use only the seed nodes.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -494,9 +495,12 @@ class SampledNodeTraining:
         cap = run.cfg.max_steps_per_epoch
         steps = steps_full if cap is None else min(cap, steps_full)
         bar = self._batches(loader, f"epoch {epoch}/{run.cfg.epochs}")
+        t0, first_batch_s = time.perf_counter(), None
         for i, batch in enumerate(bar):
             if i >= steps:   # max_steps_per_epoch (the same on every rank)
                 break
+            if i == 0:       # loader start-up: worker processes, the first sample
+                first_batch_s = time.perf_counter() - t0
             batch = batch.to(run.device, non_blocking=True)
             y = batch.y[:batch.batch_size]
             out, loss = run.optimize(lambda: self._forward(run.model, batch), y)
@@ -511,7 +515,7 @@ class SampledNodeTraining:
         counter.all_reduce()
         return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)),
                 "metric": counter.metric(run.metric_name), "steps": steps,
-                "steps_full": steps_full}
+                "steps_full": steps_full, "first_batch_s": first_batch_s}
 
     @torch.no_grad()
     def evaluate(self, split: str) -> Dict[str, float]:

@@ -716,6 +716,7 @@ class _Run:
                    "lr": lr, "epoch_time_s": epoch_time, "train_time_s": t_train,
                    "steps": tr.get("steps"), "steps_per_epoch": tr.get("steps_full"),
                    "capped": tr.get("steps") != tr.get("steps_full"),
+                   "first_batch_s": tr.get("first_batch_s"),
                    "peak_gpu_mem_bytes": peak}
             self.history.append(rec)
 
@@ -818,7 +819,13 @@ class _Run:
             return {"val": ev["val"], "test": ev["test"]}
 
         last = evaluate() if last else None
-        if self.best_state is not None:
+        # the best epoch is the last one: its weights are the current ones, so a
+        # deterministic evaluation (all but sampled inference) would repeat itself
+        sampled_eval = self.sampling is not None and self.sampling.eval_mode == "sampled"
+        if last is not None and not sampled_eval and self.history \
+                and self.best.get("epoch") == self.history[-1]["epoch"]:
+            best = last
+        elif self.best_state is not None:
             current = copy.deepcopy(model.state_dict())
             model.load_state_dict(self.best_state)
             best = evaluate()
