@@ -243,10 +243,13 @@ def main():
         if TINY:
             f.write("tiny scale: CPU only, no CUDA build\n")
         else:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
-                                  "memory.used", "--format=csv,noheader"], capture_output=True,
-                                 text=True)
-            S["gpu"] = smi.stdout.strip() or smi.stderr.strip()
+            try:
+                smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,"
+                                      "memory.total,memory.used", "--format=csv,noheader"],
+                                     capture_output=True, text=True, timeout=30)
+                S["gpu"] = smi.stdout.strip() or smi.stderr.strip()
+            except (OSError, subprocess.SubprocessError) as e:
+                S["gpu"] = f"nvidia-smi failed: {e}"
             f.write(f"nvidia-smi: {S['gpu']}\n")
     if not TINY:
         rc, secs, text = run("build", [PY, "-m", "pyg_dfgnn", "build"], 300, "build")
