@@ -9,6 +9,16 @@
   from ``root/<Name>/raw`` (public split); full batch with masks, plain accuracy.
 * ``synthetic_uniform`` / ``synthetic_powerlaw`` -- one large random graph from
   :mod:`pyg_dfgnn.data.synthetic` with random features/labels, for scale runs.
+* ``file`` -- a user's node-level graph: ``torch.save`` of a
+  :class:`torch_geometric.data.Data` (or a dict) with ``x``, ``edge_index``, ``y``
+  and optional ``train_mask`` / ``val_mask`` / ``test_mask`` (``data.path``).
+* ``pyg`` -- one graph of a :mod:`torch_geometric.datasets` class,
+  ``cls(root=data.root, **data.pyg_kwargs)[0]`` (``data.pyg_class``).
+
+One-graph data sets without the three masks get a seeded random node split
+(:func:`random_split`, fractions ``data.split``, default 60 / 20 / 20 %).
+Problems with a user's graph (no ``x`` / ``y``, ``edge_index`` out of range,
+...) raise :class:`pyg_dfgnn.train.config.ConfigError` naming the key.
 
 The returned :class:`DataBundle` says which source was used (``bundle.source``)
 so the trainer can log it.
@@ -26,12 +36,17 @@ from .cache import short_error
 from .sbm import DEFAULT_SIZES, SBMDataset
 
 __all__ = ["DataBundle", "DataError", "load_data", "add_laplacian_pe", "laplacian_pe",
-           "SBM_NAMES", "PLANETOID_NAMES", "SYNTHETIC_NAMES", "DATASET_NAMES"]
+           "random_split", "node_data_bundle", "SBM_NAMES", "PLANETOID_NAMES",
+           "SYNTHETIC_NAMES", "USER_NAMES", "DATASET_NAMES", "DEFAULT_SPLIT"]
 
 SBM_NAMES = ("PATTERN", "CLUSTER")
 PLANETOID_NAMES = ("Cora", "CiteSeer", "PubMed")
 SYNTHETIC_NAMES = ("synthetic_uniform", "synthetic_powerlaw")
-DATASET_NAMES = SBM_NAMES + PLANETOID_NAMES + SYNTHETIC_NAMES
+USER_NAMES = ("file", "pyg")
+DATASET_NAMES = SBM_NAMES + PLANETOID_NAMES + SYNTHETIC_NAMES + USER_NAMES
+
+#: train / val / test fractions of :func:`random_split` (``data.split``)
+DEFAULT_SPLIT = (0.6, 0.2, 0.2)
 
 # Number of classes / input vocabulary of the SBM data sets.
 _SBM_CLASSES = {"PATTERN": 2, "CLUSTER": 6}
@@ -189,6 +204,31 @@ def _load_planetoid(name, root, download, normalize, log) -> DataBundle:
                       weighted_loss=False, source=src, data=data, stats=stats)
 
 
+def random_split(num_nodes: int, fractions: Sequence[float] = DEFAULT_SPLIT,
+                 generator: torch.Generator = None, candidates=None):
+    """Three disjoint boolean masks ``[num_nodes]``: ``int(f * n)`` nodes each of a
+    random permutation of the ``n`` candidate nodes (all nodes, or the ``candidates``
+    index) for train and val; test takes the rest when the fractions sum to 1,
+    else ``int(f_test * n)``."""
+    f = [float(v) for v in fractions]
+    if len(f) != 3 or any(v <= 0 for v in f) or sum(f) > 1 + 1e-9:
+        raise ValueError(f"'fractions' must be 3 values > 0 summing to <= 1, got {fractions}")
+    cand = torch.arange(num_nodes) if candidates is None else candidates
+    n = cand.numel()
+    perm = cand[torch.randperm(n, generator=generator)]
+    ntr, nva = int(f[0] * n), int(f[1] * n)
+    nte = n - ntr - nva if abs(sum(f) - 1) <= 1e-9 else int(f[2] * n)
+    masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
+    masks[0][perm[:ntr]] = True
+    masks[1][perm[ntr:ntr + nva]] = True
+    masks[2][perm[ntr + nva:ntr + nva + nte]] = True
+    return masks
+
+
+def _split(cfg) -> tuple:
+    return tuple(getattr(cfg, "split", None) or DEFAULT_SPLIT)
+
+
 def _load_synthetic(name, cfg, seed, log) -> DataBundle:
     try:
         from . import synthetic  # written by the benchmark side; imported lazily
@@ -211,12 +251,7 @@ def _load_synthetic(name, cfg, seed, log) -> DataBundle:
     F, C = int(cfg.num_features), int(cfg.num_classes)
     x = torch.randn(n, F, generator=g)
     y = torch.randint(0, C, (n,), generator=g)
-    perm = torch.randperm(n, generator=g)
-    ntr, nva = int(0.6 * n), int(0.2 * n)
-    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
-    masks[0][perm[:ntr]] = True
-    masks[1][perm[ntr:ntr + nva]] = True
-    masks[2][perm[ntr + nva:]] = True
+    masks = random_split(n, _split(cfg), g)
     data = Data(x=x, edge_index=ei, y=y, train_mask=masks[0], val_mask=masks[1],
                 test_mask=masks[2], num_nodes=n)
     src = (f"pyg_dfgnn.data.synthetic.{how} with random features/labels "
@@ -224,6 +259,196 @@ def _load_synthetic(name, cfg, seed, log) -> DataBundle:
     return DataBundle(name=name, kind="full", num_classes=C, in_dim=F, categorical=False,
                       metric="acc", weighted_loss=False, source=src, data=data,
                       stats={"num_nodes": n, "num_edges": int(ei.size(1))})
+
+
+# ----------------------------------------------------------------------------
+# a user's node-level graph: data.name=file / pyg
+# ----------------------------------------------------------------------------
+def _config_error(msg: str) -> Exception:
+    from ..train.config import ConfigError  # lazily: pyg_dfgnn.train imports this package
+    return ConfigError(msg)
+
+
+def _pyg_safe_globals() -> list:
+    """The classes a pickled ``Data`` refers to, for ``torch.load(weights_only=True)``."""
+    from torch_geometric.data import data as pyg_data, storage
+    names = [(pyg_data, "Data"), (pyg_data, "DataEdgeAttr"), (pyg_data, "DataTensorAttr"),
+             (storage, "GlobalStorage"), (storage, "NodeStorage"), (storage, "EdgeStorage")]
+    return [getattr(m, n) for m, n in names if hasattr(m, n)]
+
+
+def _read_graph_file(path: str, log: Callable[[str], None]):
+    """``torch.load`` of a Data / dict file: first ``weights_only=True`` with PyG's
+    storage classes allowed (no code runs), then -- like PyG's own ``torch_load`` --
+    a full unpickle for files holding other objects (logged)."""
+    import pickle
+    try:
+        with torch.serialization.safe_globals(_pyg_safe_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights_only" not in str(e) and "Unsupported global" not in str(e):
+            raise _config_error(f"data.path: cannot read {path} ({short_error(e)}); expected "
+                                "a file written by torch.save") from None
+        log(f"data.path: {path} holds objects outside tensors and PyG's Data; loading it "
+            "with torch.load(weights_only=False) (only do this for files you trust)")
+    except Exception as e:
+        raise _config_error(f"data.path: cannot read {path} ({short_error(e)}); expected a "
+                            "file written by torch.save") from None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise _config_error(f"data.path: cannot read {path} ({short_error(e)})") from None
+
+
+def node_data_bundle(obj, name: str, source: str, key: str, split=DEFAULT_SPLIT,
+                     split_seed: int = 0, log: Callable[[str], None] = print) -> DataBundle:
+    """Check a user's node-classification graph and wrap it in a :class:`DataBundle`.
+
+    ``obj`` is a :class:`~torch_geometric.data.Data` or a dict with ``x``
+    (``[N, F]`` float, or integer ids ``[N]`` -> embedding), ``edge_index``
+    (``[2, E]``, ids in ``[0, N)``), ``y`` (``[N]`` class ids; ``< 0`` =
+    unlabelled) and optional boolean ``train_mask`` / ``val_mask`` /
+    ``test_mask`` (``[N]``, or ``[N, K]`` split columns: the first is used).
+    Without all three masks, :func:`random_split` of the labelled nodes with
+    ``split`` and a generator seeded with ``split_seed``.  Every problem is a
+    ConfigError naming ``key`` (``data.path`` / ``data.pyg_class``).
+    """
+    from torch_geometric.data import Data
+    if isinstance(obj, dict):
+        obj = Data(**obj)
+    if not isinstance(obj, Data):
+        raise _config_error(f"{key}: {source} holds a {type(obj).__name__}, not a "
+                            "torch_geometric.data.Data (or a dict) with x, edge_index and y")
+    missing = [k for k in ("x", "edge_index", "y") if getattr(obj, k, None) is None]
+    if missing:
+        raise _config_error(f"{key}: {source} has no {', '.join(repr(m) for m in missing)}; "
+                            "node classification needs x (node features), edge_index and y "
+                            "(node labels)")
+    x, ei, y = obj.x, obj.edge_index, obj.y
+    if not all(isinstance(t, torch.Tensor) for t in (x, ei, y)):
+        raise _config_error(f"{key}: x, edge_index and y of {source} must be tensors")
+    if x.dim() == 1:
+        x = x.view(-1, 1) if x.is_floating_point() else x
+    if x.dim() != 2 and not (x.dim() == 1 and not x.is_floating_point()):
+        raise _config_error(f"{key}: x of {source} must be [num_nodes, num_features], got "
+                            f"shape {list(x.shape)}")
+    n = int(x.size(0))
+    if n == 0:
+        raise _config_error(f"{key}: {source} has no nodes")
+    if obj.num_nodes is not None and int(obj.num_nodes) != n:
+        raise _config_error(f"{key}: {source} has num_nodes={int(obj.num_nodes)} but x has "
+                            f"{n} rows")
+    if ei.dim() != 2 or ei.size(0) != 2 or ei.is_floating_point() or ei.dtype == torch.bool:
+        raise _config_error(f"{key}: edge_index of {source} must be an integer [2, num_edges] "
+                            f"tensor, got {ei.dtype} of shape {list(ei.shape)}")
+    ei = ei.long()
+    if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+        raise _config_error(f"{key}: edge_index of {source} holds node ids outside [0, {n}) "
+                            f"(min {int(ei.min())}, max {int(ei.max())}) for {n} nodes (x)")
+    if y.dim() == 2 and y.size(1) == 1:
+        y = y.view(-1)
+    if y.dim() != 1 or y.size(0) != n or y.is_floating_point() or y.dtype == torch.bool:
+        raise _config_error(f"{key}: y of {source} must hold one integer class id per node "
+                            f"([{n}]), got {y.dtype} of shape {list(y.shape)} (multi-label "
+                            "targets are not supported)")
+    y = y.long()
+    labelled = y >= 0
+    if not bool(labelled.any()):
+        raise _config_error(f"{key}: {source} has no labelled node (every y < 0)")
+    num_classes = int(y.max()) + 1
+    if num_classes < 2:
+        raise _config_error(f"{key}: y of {source} has a single class; node classification "
+                            "needs >= 2")
+    masks, how = [], None
+    names = ("train_mask", "val_mask", "test_mask")
+    given = [getattr(obj, m, None) for m in names]
+    if all(m is not None for m in given):
+        for m, t in zip(names, given):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.bool or t.size(0) != n \
+                    or t.dim() not in (1, 2):
+                raise _config_error(f"{key}: {m} of {source} must be a boolean [{n}] tensor")
+            if t.dim() == 2:
+                t = t[:, 0]
+                how = "the first column of the [N, K] split masks"
+            if bool((t & ~labelled).any()):
+                raise _config_error(f"{key}: {m} of {source} selects unlabelled nodes (y < 0)")
+            if not bool(t.any()):
+                raise _config_error(f"{key}: {m} of {source} is empty")
+            masks.append(t)
+        how = how or "its train/val/test masks"
+    else:
+        g = torch.Generator().manual_seed(int(split_seed))
+        cand = None if bool(labelled.all()) else torch.nonzero(labelled).flatten()
+        masks = random_split(n, split, g, cand)
+        if not all(bool(m.any()) for m in masks):
+            raise _config_error(f"data.split: {list(split)} leaves an empty split on the "
+                                f"{int(labelled.sum())} labelled nodes of {source}")
+        have = [m for m, t in zip(names, given) if t is not None]
+        how = (f"a random {'/'.join(f'{100 * f:g}' for f in split)} % split of the labelled "
+               f"nodes (data.split, seed {split_seed})"
+               + (f"; its {', '.join(have)} ignored: all three masks are needed" if have
+                  else ""))
+        if have:
+            log(f"{key}: {source} has {', '.join(have)} but not all of train_mask, val_mask, "
+                f"test_mask; using {how}")
+    categorical = not x.is_floating_point()
+    if categorical and x.dim() == 2 and x.size(1) > 1:
+        x, categorical = x.float(), False  # integer feature vectors: dense
+    if categorical:
+        if int(x.min()) < 0:
+            raise _config_error(f"{key}: integer x of {source} holds negative ids")
+        in_dim = int(x.max()) + 1
+    else:
+        in_dim = int(x.size(1))
+    data = Data(x=x, edge_index=ei, y=y, train_mask=masks[0], val_mask=masks[1],
+                test_mask=masks[2], num_nodes=n)
+    stats = {"num_nodes": n, "num_edges": int(ei.size(1)),
+             "train/val/test": [int(m.sum()) for m in masks]}
+    return DataBundle(name=name, kind="full", num_classes=num_classes, in_dim=in_dim,
+                      categorical=categorical, metric="acc", weighted_loss=False,
+                      source=f"{source}, split: {how}", data=data, stats=stats)
+
+
+def _load_file(cfg, seed, log) -> DataBundle:
+    path = os.path.expanduser(os.fspath(cfg.path))
+    if not osp.isfile(path):
+        raise _config_error(f"data.path: file not found: {cfg.path}")
+    obj = _read_graph_file(path, log)
+    return node_data_bundle(obj, f"file:{osp.basename(path)}", f"file {path}", "data.path",
+                            _split(cfg), seed, log)
+
+
+def _load_pyg_class(cfg, root, download, seed, log) -> DataBundle:
+    from ..train.config import pyg_dataset_class
+    cls = pyg_dataset_class(cfg.pyg_class)
+    kwargs = dict(getattr(cfg, "pyg_kwargs", None) or {})
+    what = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+    from torch_geometric.data import Dataset
+    if not download and getattr(cls, "download", None) is not getattr(Dataset, "download", None):
+        def no_download(self):
+            raise _config_error(
+                f"data.root: the raw files of torch_geometric.datasets.{what} are not in "
+                f"{self.raw_dir}; put them there or set data.download=true (needs network)")
+        # a subclass of the same name whose download() refuses (PyG calls it only
+        # when raw files are missing)
+        cls = type(cls.__name__, (cls,), {"download": no_download,
+                                           "__module__": cls.__module__})
+    try:
+        ds = cls(root=root, **kwargs)
+    except TypeError as e:
+        raise _config_error(f"data.pyg_kwargs: torch_geometric.datasets.{cls.__name__} does "
+                            f"not take {kwargs} ({short_error(e)})") from None
+    except Exception as e:
+        from ..train.config import ConfigError
+        if isinstance(e, ConfigError):
+            raise
+        raise DataError(f"loading torch_geometric.datasets.{what} from {root} failed "
+                        f"({short_error(e)})") from e
+    if len(ds) != 1:
+        raise _config_error(f"data.pyg_class: {what} holds {len(ds)} graphs; node-level "
+                            "training needs a data set of one graph")
+    return node_data_bundle(ds[0], what, f"PyG {what} from {root}", "data.pyg_class",
+                            _split(cfg), seed, log)
 
 
 def load_data(cfg, seed: int = 0, log: Callable[[str], None] = print) -> DataBundle:
@@ -244,6 +469,10 @@ def load_data(cfg, seed: int = 0, log: Callable[[str], None] = print) -> DataBun
     if cfg.source == "generated":
         raise DataError(f"data.source=generated is only available for PATTERN and CLUSTER, "
                         f"not {name}")
+    if name == "file":
+        return _load_file(cfg, gen_seed, log)
+    if name == "pyg":
+        return _load_pyg_class(cfg, root, bool(cfg.download), gen_seed, log)
     if name in PLANETOID_NAMES:
         return _load_planetoid(name, root, bool(cfg.download),
                                bool(getattr(cfg, "normalize_features", False)), log)

@@ -28,7 +28,10 @@ __all__ = ["ConfigError", "TrainConfig", "DataConfig", "ModelConfig", "Optimizer
            "apply_overrides", "parse_overrides", "config_to_dict", "describe_schema"]
 
 DATASETS = ("PATTERN", "CLUSTER", "Cora", "CiteSeer", "PubMed",
-            "synthetic_uniform", "synthetic_powerlaw")
+            "synthetic_uniform", "synthetic_powerlaw", "file", "pyg")
+
+#: ``data.eval`` modes (see pyg_dfgnn/train/sampling.py)
+EVAL_MODES = ("auto", "sampled", "layerwise", "full")
 
 
 class ConfigError(ValueError):
@@ -59,8 +62,8 @@ class DataConfig:
     num_train: Optional[int] = _f(None, help="number of training graphs (SBM), default: all")
     num_val: Optional[int] = _f(None, help="number of validation graphs (SBM)")
     num_test: Optional[int] = _f(None, help="number of test graphs (SBM)")
-    gen_seed: Optional[int] = _f(0, help="seed of the SBM / synthetic generator "
-                                         "(null = the run's seed)")
+    gen_seed: Optional[int] = _f(0, help="seed of the SBM / synthetic generator and of the "
+                                         "random node split (null = the run's seed)")
     num_workers: int = _f(0, help="DataLoader worker processes")
     batcher: str = _f("auto", ("auto", "store", "pyg"),
                       "graph data sets: store = batches from pyg_dfgnn.data.GraphBatcher "
@@ -76,6 +79,19 @@ class DataConfig:
                                          "the device")
     normalize_features: bool = _f(False, help="Planetoid: row-normalise the bag-of-words "
                                               "features (as the GAT / AGNN papers)")
+    # a user's node-level graph (data.name=file / pyg)
+    path: Optional[str] = _f(None, help="data.name=file: a torch.save'd "
+                                        "torch_geometric.data.Data (or dict) with x, edge_index, "
+                                        "y and optional train_mask / val_mask / test_mask")
+    pyg_class: Optional[str] = _f(None, help="data.name=pyg: a class of "
+                                             "torch_geometric.datasets holding one graph, "
+                                             "instantiated as cls(root=data.root, "
+                                             "**data.pyg_kwargs), e.g. Planetoid, Amazon, Reddit")
+    pyg_kwargs: Dict[str, Any] = _f({}, help="data.name=pyg: further constructor arguments, "
+                                            "e.g. {name: Photo}")
+    split: List[float] = _f([0.6, 0.2, 0.2], help="train / val / test fractions of the seeded "
+                                                  "random node split (synthetic graphs; file / "
+                                                  "pyg graphs without masks)")
     # synthetic graphs (scale runs)
     num_nodes: int = _f(100_000, help="synthetic: number of nodes")
     num_edges: int = _f(1_000_000, help="synthetic: number of edges")
@@ -88,6 +104,15 @@ class DataConfig:
                      "(SBM); neighbor = PyG NeighborLoader, batch_size seed nodes per step")
     num_neighbors: List[int] = _f([15, 10, 5], help="loader=neighbor: neighbours sampled per "
                                                     "hop (one entry per layer, -1 = all)")
+    eval: str = _f("auto", EVAL_MODES,
+                   "evaluation of one-graph data sets: full = one forward over the whole graph "
+                   "on the device; sampled = the training fan-out around the val/test seeds "
+                   "(loader=neighbor); layerwise = exact full-graph inference layer by layer, "
+                   "eval_batch_size target nodes at a time (loader=neighbor); auto = sampled "
+                   "with loader=neighbor, else full")
+    eval_batch_size: Optional[int] = _f(None, help="data.eval=sampled / layerwise: seed / "
+                                                   "target nodes per evaluation batch (null = "
+                                                   "batch_size)")
 
 
 @dataclass
@@ -186,6 +211,9 @@ class TrainConfig:
     backend: str = _f("fused", ("fused", "pyg"),
                       "fused = pyg_dfgnn.nn layers, pyg = torch_geometric.nn layers")
     epochs: int = _f(100, help="maximum number of epochs")
+    max_steps_per_epoch: Optional[int] = _f(None, help="stop each training epoch after this "
+                                                       "many optimiser steps (null = the whole "
+                                                       "split); results.json records the cap")
     batch_size: int = _f(128, help="graphs per mini-batch (graph data sets); seed nodes "
                                    "per step with data.loader=neighbor (per rank)")
     out_dir: str = _f("runs/{name}", help="output directory ({name} is substituted)")
@@ -227,6 +255,8 @@ def _type_name(tp) -> str:
                            for a in typing.get_args(tp))
     if origin is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "mapping"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -278,6 +308,19 @@ def _coerce(value, tp, key: str):
                 pass
         if isinstance(value, (list, tuple)):
             return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    elif typing.get_origin(tp) is dict:
+        if isinstance(value, str):  # an override: "{name: Photo}"
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                pass
+        if value is None:
+            return {}
+        if isinstance(value, dict):
+            bad = [k for k in value if not isinstance(k, str)]
+            if bad:
+                raise ConfigError(f"{key}: keys must be strings, got {bad[0]!r}")
+            return dict(value)
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -448,6 +491,10 @@ def _validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"compile.backend: {cfg.compile.backend!r} is not a torch.compile "
                               f"backend; choose one of: {', '.join(backends)}")
     _validate_sampling(cfg)
+    _validate_user_data(cfg)
+    if cfg.max_steps_per_epoch is not None and cfg.max_steps_per_epoch <= 0:
+        raise ConfigError(f"max_steps_per_epoch: must be > 0 (or null = the whole split), got "
+                          f"{cfg.max_steps_per_epoch}")
     if isinstance(cfg.resume, str) and not cfg.resume:
         raise ConfigError("resume: empty path; use true, false/null or a checkpoint path")
 
@@ -455,6 +502,15 @@ def _validate(cfg: TrainConfig) -> None:
 def _validate_sampling(cfg: TrainConfig) -> None:
     """``data.loader`` / ``data.num_neighbors`` (see pyg_dfgnn/train/sampling.py)."""
     d = cfg.data
+    if d.eval_batch_size is not None and d.eval_batch_size <= 0:
+        raise ConfigError(f"data.eval_batch_size: must be > 0 (or null = batch_size), got "
+                          f"{d.eval_batch_size}")
+    if d.name in ("PATTERN", "CLUSTER") and d.eval != "auto":
+        raise ConfigError(f"data.eval={d.eval} is for one-graph data sets; {d.name} is "
+                          "evaluated in graph mini-batches (leave data.eval=auto)")
+    if d.loader != "neighbor" and d.eval in ("sampled", "layerwise"):
+        raise ConfigError(f"data.eval={d.eval} needs data.loader=neighbor (full-batch "
+                          "training evaluates the whole graph: data.eval=full or auto)")
     if d.loader != "neighbor":
         return
     if d.name in ("PATTERN", "CLUSTER"):
@@ -471,6 +527,56 @@ def _validate_sampling(cfg: TrainConfig) -> None:
         raise ConfigError(f"data.num_neighbors: {len(d.num_neighbors)} hops "
                           f"{d.num_neighbors} for model.layers={cfg.model.layers}; give one "
                           "fan-out per attention layer")
+
+
+def _validate_user_data(cfg: TrainConfig) -> None:
+    """``data.name=file`` / ``pyg`` keys and ``data.split`` (the file's content is
+    checked when it is loaded: pyg_dfgnn/data/datasets.py, also a ConfigError)."""
+    d = cfg.data
+    if len(d.split) != 3 or any(not 0.0 <= f <= 1.0 for f in d.split) \
+            or any(f <= 0.0 for f in d.split) or sum(d.split) > 1.0 + 1e-9:
+        raise ConfigError(f"data.split: give 3 fractions (train, val, test), each > 0, "
+                          f"summing to <= 1, got {d.split}")
+    if d.name != "file" and d.path is not None:
+        raise ConfigError(f"data.path is only used with data.name=file (data.name={d.name})")
+    if d.name != "pyg" and (d.pyg_class is not None or d.pyg_kwargs):
+        key = "data.pyg_class" if d.pyg_class is not None else "data.pyg_kwargs"
+        raise ConfigError(f"{key} is only used with data.name=pyg (data.name={d.name})")
+    if d.name == "file":
+        if not d.path:
+            raise ConfigError("data.path is required for data.name=file: a torch.save'd "
+                              "torch_geometric.data.Data with x, edge_index and y")
+        path = os.path.expanduser(d.path)
+        if not os.path.exists(path):
+            raise ConfigError(f"data.path: file not found: {d.path}")
+        if not os.path.isfile(path):
+            raise ConfigError(f"data.path: {d.path} is not a file")
+    if d.name == "pyg":
+        if not d.pyg_class:
+            raise ConfigError("data.pyg_class is required for data.name=pyg: a class of "
+                              "torch_geometric.datasets, e.g. Planetoid, Amazon, Reddit")
+        pyg_dataset_class(d.pyg_class)
+    if d.name in ("file", "pyg") and d.source != "auto":
+        raise ConfigError(f"data.source={d.source} is only available for PATTERN and CLUSTER, "
+                          f"not {d.name}")
+
+
+def pyg_dataset_class(name: str):
+    """The class ``torch_geometric.datasets.<name>``; ConfigError naming
+    ``data.pyg_class`` when there is no such data set class."""
+    import torch_geometric.datasets as tgd
+    from torch_geometric.data import Dataset
+    names = sorted(n for n in getattr(tgd, "__all__", dir(tgd))
+                   if isinstance(getattr(tgd, n, None), type)
+                   and issubclass(getattr(tgd, n), Dataset))
+    cls = getattr(tgd, name, None) if name in names else None
+    if cls is None:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"data.pyg_class: {name!r} is not a data set class in "
+                          f"torch_geometric.datasets{hint}; e.g. Planetoid, Amazon, Coauthor, "
+                          "Flickr, Reddit")
+    return cls
 
 
 # ----------------------------------------------------------------------------
@@ -530,6 +636,13 @@ def apply_overrides(raw: Dict[str, Any], overrides: Sequence[tuple]) -> Dict[str
                     node[p] = sub
                 node, cls, prefix = sub, tp, prefix + p + "."
             else:
+                if not last and typing.get_origin(tp) is dict and i == len(parts) - 2:
+                    sub = node.get(p)      # a mapping key: data.pyg_kwargs.name=Photo
+                    if not isinstance(sub, dict):
+                        sub = {}
+                        node[p] = sub
+                    sub[parts[-1]] = value
+                    break
                 if not last:
                     raise ConfigError(f"'{prefix}{p}' is not a section; cannot set "
                                       f"'{key}'")

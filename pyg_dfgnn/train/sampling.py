@@ -21,14 +21,19 @@ metrics use only the seed nodes.
   equal contiguous shards (PyG's multi-GPU recipe, which splits the seed index
   by rank; the ``< world_size`` remainder is dropped that epoch, so every rank
   runs the same number of steps).
-* **Evaluation** is sampled inference with the training fan-out over the
-  val / test nodes (sharded by rank, counts all-reduced): it works for every
-  model and graph size, while full-graph layer-wise inference would need a
-  per-model layer loop and the whole graph on the device.
+* **Evaluation** (``data.eval``): ``sampled`` (the default) is sampled
+  inference with the training fan-out over the val / test nodes (sharded by
+  rank, counts all-reduced); ``layerwise`` is exact full-graph inference, one
+  layer at a time over all nodes (:func:`layerwise_inference`: every chunk of
+  ``eval_batch_size`` target nodes with *all* its in-edges, PyG's
+  ``examples/reddit.py`` scheme, reusing the model's own layers), equal to a
+  full-batch forward of the same model; ``full`` is one forward over the whole
+  graph on the device.
 """
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -39,7 +44,8 @@ from . import distributed as D
 from .metrics import ConfusionCounter
 
 __all__ = ["TorchNeighborSampler", "sample_neighbors", "seed_shard", "make_loader",
-           "SampledNodeTraining", "expected_subgraph_size"]
+           "SampledNodeTraining", "expected_subgraph_size", "model_stages",
+           "layerwise_inference", "to_csc"]
 
 _PYG_LIB_WARNING = r".*without a 'pyg-lib' installation is deprecated.*"
 
@@ -283,6 +289,146 @@ def expected_subgraph_size(batch_size: int, num_neighbors: Sequence[int], num_no
 
 
 # ----------------------------------------------------------------------------
+# full-graph layer-wise inference
+# ----------------------------------------------------------------------------
+def model_stages(model):
+    """``(pre, stages, post)`` of a trainer model in eval mode: ``pre(x)`` and
+    ``post(h)`` are node-wise, every ``stage(h, edge_index)`` is one attention
+    layer with the node-wise operations around it (norm, activation,
+    residual), so that ``post(stage_L(... stage_1(pre(x), ei) ..., ei))``
+    is ``model(x, ei)``.  The output row of a node of a stage depends only on
+    its in-edges (and its own row): a stage can run on any subgraph that holds
+    all in-edges of the nodes whose rows are kept.
+
+    Built from the modules of :class:`~pyg_dfgnn.train.models.GATNet`,
+    :class:`~pyg_dfgnn.train.models.GraphTransformerNet` and
+    :class:`~pyg_dfgnn.train.models.AGNNNet` (tested against their forward).
+    """
+    import torch.nn.functional as F
+    from .models import AGNNNet, GATNet, GraphTransformerNet
+    if model.training:
+        raise ValueError("model_stages: the model must be in eval mode (dropout and "
+                         "BatchNorm statistics are not node-wise in training)")
+    if isinstance(model, GATNet):
+        if model.readout_kind == "conv":
+            last = len(model.convs) - 1
+
+            def conv_stage(i, conv):
+                def stage(h, ei):
+                    h = conv(h, ei)
+                    return F.elu(h) if i < last else h
+                return stage
+            return ((lambda x: x.float()), [conv_stage(i, c) for i, c in enumerate(model.convs)],
+                    (lambda h: h))
+
+        def gat_stage(conv, norm):
+            def stage(h, ei):
+                h_in = h
+                h = F.elu(norm(conv(h, ei)))
+                return h_in + h if model.residual and h.shape == h_in.shape else h
+            return stage
+        return (model.encoder, [gat_stage(c, n) for c, n in zip(model.convs, model.norms)],
+                model.head)
+    if isinstance(model, GraphTransformerNet):
+        if model.lap_pe:
+            raise ValueError("layer-wise inference: the Graph Transformer with Laplacian "
+                             "PE is for graph data sets")
+        return model.encoder, list(model.layers), model.head
+    if isinstance(model, AGNNNet):
+        def agnn_stage(conv, norm):
+            def stage(h, ei):
+                h_in = h
+                h = conv(h, ei)
+                if model.block:
+                    h = F.elu(norm(h))
+                    if model.residual:
+                        h = h_in + h
+                return h
+            return stage
+        return ((lambda x: F.relu(model.encoder(x))),
+                [agnn_stage(c, n) for c, n in zip(model.convs, model.norms)], model.head)
+    raise TypeError(f"layer-wise inference: no layer decomposition for "
+                    f"{type(model).__name__}; use data.eval=full or sampled")
+
+
+def to_csc(edge_index: Tensor, num_nodes: int):
+    """``(colptr, row)``: the sources of the in-edges of each node, by target."""
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    order = torch.argsort(dst * num_nodes + src)
+    colptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=edge_index.device)
+    colptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
+    return colptr, src[order]
+
+
+@torch.no_grad()
+def layerwise_inference(model, x: Tensor, colptr: Tensor, row: Tensor, batch_size: int,
+                        device=None) -> Tensor:
+    """``model(x, edge_index)`` of a trainer model in eval mode, computed layer by
+    layer over all nodes: every layer runs on chunks of ``batch_size`` target
+    nodes, each with *all* its in-edges (the subgraph of the targets, listed
+    first, and their in-neighbours; edges sorted by target); the kept rows are
+    the targets'.  PyG's ``examples/reddit.py`` inference with a one-hop
+    ``num_neighbors=[-1]`` loader, done on the device by slicing the CSC graph.
+
+    Peak memory: two ``[N, D]`` activations (input and output of a layer) on
+    ``device`` plus one chunk's subgraph, instead of a whole-graph forward.
+
+    Args:
+        model: a :func:`~pyg_dfgnn.train.models.build_model` model in eval mode.
+        x: node features ``[N, F]`` (any device; moved chunk by chunk).
+        colptr, row: the graph in CSC form (:func:`to_csc`: ``row[colptr[v] :
+            colptr[v + 1]]`` are the sources of ``v``'s in-edges), e.g. the
+            sampler's.
+        batch_size: target nodes per chunk (``>= num_nodes``: one whole-graph
+            pass per layer).
+        device: where the layers run (default: ``x``'s device).
+    """
+    if batch_size <= 0:
+        raise ValueError(f"'batch_size' must be > 0, got {batch_size}")
+    N = colptr.numel() - 1
+    if x.size(0) != N:
+        raise ValueError(f"'x' has {x.size(0)} rows but the graph has {N} nodes")
+    device = torch.device(device) if device is not None else x.device
+    pre, stages, post = model_stages(model)
+    ptr = colptr.cpu()
+    row = row.to(device)
+    assoc = torch.full((N,), -1, dtype=torch.long, device=device)
+    chunks = [(a, min(a + batch_size, N)) for a in range(0, N, batch_size)]
+
+    def nodewise(fn, h):
+        out = None
+        for a, b in chunks:
+            o = fn(h[a:b].to(device))
+            if out is None:
+                out = o.new_empty((N,) + tuple(o.shape[1:]))
+            out[a:b] = o
+        return out
+
+    h = nodewise(pre, x)
+    for stage in stages:
+        out = None
+        for a, b in chunks:
+            s, e = int(ptr[a]), int(ptr[b])
+            src = row[s:e]
+            n_t = b - a
+            deg = (ptr[a + 1:b + 1] - ptr[a:b]).to(device)
+            dst = torch.repeat_interleave(torch.arange(n_t, device=device), deg)
+            tgt = torch.arange(a, b, device=device)
+            assoc[tgt] = torch.arange(n_t, device=device)
+            extra = torch.unique(src[assoc[src] < 0])
+            assoc[extra] = torch.arange(n_t, n_t + extra.numel(), device=device)
+            src_local = assoc[src]
+            assoc[tgt] = -1
+            assoc[extra] = -1
+            o = stage(h[torch.cat([tgt, extra])], torch.stack([src_local, dst]))[:n_t]
+            if out is None:
+                out = o.new_empty((N,) + tuple(o.shape[1:]))
+            out[a:b] = o
+        h = out
+    return nodewise(post, h)
+
+
+# ----------------------------------------------------------------------------
 # the trainer's sampled epochs
 # ----------------------------------------------------------------------------
 class SampledNodeTraining:
@@ -306,6 +452,10 @@ class SampledNodeTraining:
                                             share_memory=cfg.data.num_workers > 0)
         self.index = {s: torch.nonzero(self.data[f"{s}_mask"]).flatten()
                       for s in ("train", "val", "test")}
+        self.eval_mode = "sampled" if cfg.data.eval == "auto" else cfg.data.eval
+        self.eval_batch_size = cfg.data.eval_batch_size or cfg.batch_size
+        self._device_graph = None    # data.eval=full: (x, edge_index) on the device
+        self._device_labels = None   # data.eval=full / layerwise: y and the masks
         n_tr = self.index["train"].numel()
         w = run.dist.world_size
         if n_tr < w:
@@ -315,8 +465,12 @@ class SampledNodeTraining:
                 f"{self.batch_size} seed nodes per rank, sampler {self.sampler.backend}"
                 + (" (pyg-lib / torch-sparse not installed: vectorised PyTorch sampler)"
                    if self.sampler.backend == "torch" else "")
-                + f"; train seeds {n_tr // w} per rank x {w}, eval = sampled inference "
-                  f"on val/test seeds")
+                + f"; train seeds {n_tr // w} per rank x {w}, eval = "
+                + {"sampled": f"sampled inference on val/test seeds ({self.eval_batch_size} "
+                              "per batch)",
+                   "layerwise": f"layer-wise full-graph inference ({self.eval_batch_size} "
+                                "target nodes per chunk)",
+                   "full": "one full-graph forward on the device"}[self.eval_mode])
 
     def _batches(self, loader, desc: Optional[str]):
         if desc is not None and self.run.progress:
@@ -337,8 +491,16 @@ class SampledNodeTraining:
                              run.cfg.data.num_workers, self.transform)
         counter = ConfusionCounter(run.bundle.num_classes, run.device)
         loss_sum = torch.zeros(2, dtype=torch.float64, device=run.device)
+        steps_full = math.ceil(seeds.numel() / self.batch_size)
+        cap = run.cfg.max_steps_per_epoch
+        steps = steps_full if cap is None else min(cap, steps_full)
         bar = self._batches(loader, f"epoch {epoch}/{run.cfg.epochs}")
+        t0, first_batch_s = time.perf_counter(), None
         for i, batch in enumerate(bar):
+            if i >= steps:   # max_steps_per_epoch (the same on every rank)
+                break
+            if i == 0:       # loader start-up: worker processes, the first sample
+                first_batch_s = time.perf_counter() - t0
             batch = batch.to(run.device, non_blocking=True)
             y = batch.y[:batch.batch_size]
             out, loss = run.optimize(lambda: self._forward(run.model, batch), y)
@@ -352,7 +514,8 @@ class SampledNodeTraining:
         D.all_reduce_sum(loss_sum)
         counter.all_reduce()
         return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)),
-                "metric": counter.metric(run.metric_name)}
+                "metric": counter.metric(run.metric_name), "steps": steps,
+                "steps_full": steps_full, "first_batch_s": first_batch_s}
 
     @torch.no_grad()
     def evaluate(self, split: str) -> Dict[str, float]:
@@ -362,7 +525,7 @@ class SampledNodeTraining:
         model = run.model.module if hasattr(run.model, "module") else run.model
         model.eval()
         idx = self.index[split][d.rank::d.world_size]
-        loader = make_loader(self.data, self.sampler, idx, self.batch_size,
+        loader = make_loader(self.data, self.sampler, idx, self.eval_batch_size,
                              run.cfg.data.num_workers, self.transform)
         counter = ConfusionCounter(run.bundle.num_classes, run.device)
         loss_sum = torch.zeros(2, dtype=torch.float64, device=run.device)
@@ -380,5 +543,40 @@ class SampledNodeTraining:
         return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)) if loss_sum[1] > 0
                 else math.nan, "metric": counter.metric(run.metric_name)}
 
+    @torch.no_grad()
+    def full_output(self) -> Tensor:
+        """The model's output for every node (``data.eval=layerwise`` / ``full``).
+        Every rank computes all of it (the metrics need no all-reduce)."""
+        run = self.run
+        model = run.net
+        model.eval()
+        with run._autocast():
+            if self.eval_mode == "layerwise":
+                return layerwise_inference(model, self.data.x, self.sampler.colptr,
+                                           self.sampler.row, self.eval_batch_size,
+                                           device=run.device)
+            if self._device_graph is None:
+                self._device_graph = (self.data.x.to(run.device),
+                                      self.data.edge_index.to(run.device))
+            return run.eval_model(*self._device_graph)
+
+    def _split_metrics(self, out: Tensor, split: str) -> Dict[str, float]:
+        run = self.run
+        if self._device_labels is None:
+            self._device_labels = {k: self.data[k].to(run.device) for k in
+                                   ("y", "train_mask", "val_mask", "test_mask")}
+        mask = self._device_labels[f"{split}_mask"]
+        o, y = out[mask].float(), self._device_labels["y"][mask]
+        counter = ConfusionCounter(run.bundle.num_classes, run.device)
+        counter.update(o, y)
+        return {"loss": float(run._loss(o, y)) if y.numel() else math.nan,
+                "metric": counter.metric(run.metric_name)}
+
     def evaluate_all(self, test: bool = True) -> Dict[str, Any]:
-        return {"val": self.evaluate("val"), "test": self.evaluate("test") if test else None}
+        """Val (and test) metrics, as ``data.eval`` says."""
+        if self.eval_mode == "sampled":
+            return {"val": self.evaluate("val"),
+                    "test": self.evaluate("test") if test else None}
+        out = self.full_output()
+        return {"val": self._split_metrics(out, "val"),
+                "test": self._split_metrics(out, "test") if test else None}

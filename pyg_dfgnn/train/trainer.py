@@ -453,13 +453,18 @@ class _Run:
         counter = ConfusionCounter(self.bundle.num_classes, self.device)
         loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)  # [sum, batches]
         loader = self._train_loader(epoch)
+        steps_full = len(loader)
+        cap = self.cfg.max_steps_per_epoch
+        steps = steps_full if cap is None else min(cap, steps_full)
         it = loader
         bar = None
         if self.progress:
             from tqdm import tqdm
             bar = it = tqdm(loader, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
-                            dynamic_ncols=True, file=sys.stderr)
+                            dynamic_ncols=True, file=sys.stderr, total=steps)
         for i, batch in enumerate(it):
+            if i >= steps:   # max_steps_per_epoch (the same on every rank)
+                break
             batch = self._to_device(batch)
             out, loss = self.optimize(lambda: self._forward(self.model, batch), batch.y)
             loss_sum[0] += loss.detach().double()
@@ -472,7 +477,8 @@ class _Run:
         D.all_reduce_sum(loss_sum)
         counter.all_reduce()
         return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)),
-                "metric": counter.metric(self.metric_name)}
+                "metric": counter.metric(self.metric_name), "steps": steps,
+                "steps_full": steps_full}
 
     @torch.no_grad()
     def eval_graphs(self, ds) -> Dict[str, float]:
@@ -501,7 +507,8 @@ class _Run:
         out, loss = self.optimize(lambda: self.model(d.x, d.edge_index)[d.train_mask], y)
         c = ConfusionCounter(self.bundle.num_classes, self.device)
         c.update(out.detach(), y)
-        return {"loss": float(loss.detach()), "metric": c.metric(self.metric_name)}
+        return {"loss": float(loss.detach()), "metric": c.metric(self.metric_name),
+                "steps": 1, "steps_full": 1}
 
     @torch.no_grad()
     def eval_full(self) -> Dict[str, Dict[str, float]]:
@@ -743,6 +750,9 @@ class _Run:
                    "test_loss": te["loss"] if te else None,
                    "test_metric": te["metric"] if te else None,
                    "lr": lr, "epoch_time_s": epoch_time, "train_time_s": t_train,
+                   "steps": tr.get("steps"), "steps_per_epoch": tr.get("steps_full"),
+                   "capped": tr.get("steps") != tr.get("steps_full"),
+                   "first_batch_s": tr.get("first_batch_s"),
                    "peak_gpu_mem_bytes": peak}
             self.history.append(rec)
 
@@ -765,6 +775,9 @@ class _Run:
                         f"{va['metric']:6.2f}")
                 if te:
                     line += f" | test {m} {te['metric']:6.2f}"
+                if rec["capped"]:
+                    line += (f" | {rec['steps']} of {rec['steps_per_epoch']} steps "
+                             "(max_steps_per_epoch)")
                 line += (f" | lr {lr:.2e} | {epoch_time:6.2f}s | peak mem {_fmt_mem(peak)}"
                          + (" *" if improved else ""))
                 self.log(line)
@@ -842,7 +855,13 @@ class _Run:
             return {"val": ev["val"], "test": ev["test"]}
 
         last = evaluate() if last else None
-        if self.best_state is not None:
+        # the best epoch is the last one: its weights are the current ones, so a
+        # deterministic evaluation (all but sampled inference) would repeat itself
+        sampled_eval = self.sampling is not None and self.sampling.eval_mode == "sampled"
+        if last is not None and not sampled_eval and self.history \
+                and self.best.get("epoch") == self.history[-1]["epoch"]:
+            best = last
+        elif self.best_state is not None:
             current = copy.deepcopy(model.state_dict())
             model.load_state_dict(self.best_state)
             best = evaluate()
@@ -887,7 +906,9 @@ class _Run:
                         "num_classes": self.bundle.num_classes, "stats": self.bundle.stats},
             "model": {"name": self.cfg.model.name, "backend": self.cfg.backend,
                       "parameters": self.num_params},
-            "training": {"precision": self.cfg.precision,
+            "training": {"max_steps_per_epoch": self.cfg.max_steps_per_epoch,
+                         "capped": any(h.get("capped") for h in self.history),
+                         "precision": self.cfg.precision,
                          "autocast_dtype": None if self.amp_dtype is None
                          else str(self.amp_dtype).replace("torch.", ""),
                          "grad_scaler": self.scaler.is_enabled(),
