@@ -32,6 +32,9 @@ def main(argv=None):
     ap.add_argument("--graphs", type=int, default=26)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--host", type=int, default=0, help="print the N hottest host functions")
+    ap.add_argument("--store", action="store_true",
+                    help="a fresh batch every step from pyg_dfgnn.data.GraphBatcher (as the "
+                         "trainer's data.batcher=store), instead of one cached batch")
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
     cfg = load_config(a.config, ["model.lap_pe=false"] if "gt" in a.config else [])
@@ -39,19 +42,42 @@ def main(argv=None):
     torch.manual_seed(0)
     net = build_model(cfg.model, b.x.size(-1), 2, True, a.backend).to(dev)
     opt = torch.optim.Adam(net.parameters(), 1e-4)
-    y = b.y
+    batches = None
+    if a.store:
+        from pyg_dfgnn.data import GraphBatcher, PrepareGraphs, generate_split
+        prep = PrepareGraphs.for_model(net) if a.backend == "fused" else None
+        store = GraphBatcher(generate_split("PATTERN", "train", a.graphs * 8, seed=0),
+                             prep.views if prep is not None else (), build_device=dev)
+        order = torch.randperm(len(store)).numpy()
+        batches = [order[i:i + a.graphs] for i in range(0, len(order), a.graphs)]
+    it = [0]
 
     def step():
-        out = net(b.x, b.edge_index)
-        loss = torch.nn.functional.cross_entropy(out.float(), y)
+        bb = b
+        if batches is not None:
+            bb = store.batch(batches[it[0] % len(batches)], dev)
+            it[0] += 1
+        out = net(bb.x, bb.edge_index)
+        loss = torch.nn.functional.cross_entropy(out.float(), bb.y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
     wall, gpu, _ = wall_and_kernels(step, a.steps, warmup=5)
-    print(f"{Path(a.config).stem} {a.backend}: {wall:.2f} ms/step wall, {gpu:.2f} ms/step GPU "
-          f"kernels ({100 * gpu / wall:.0f}% busy), batch of {a.graphs} graphs "
-          f"({b.num_nodes} nodes, {b.edge_index.size(1)} edges)", flush=True)
+    print(f"{Path(a.config).stem} {a.backend}{' store' if a.store else ''}: {wall:.2f} ms/step "
+          f"wall, {gpu:.2f} ms/step GPU kernels ({100 * gpu / wall:.0f}% busy), batch of "
+          f"{a.graphs} graphs ({b.num_nodes} nodes, {b.edge_index.size(1)} edges)", flush=True)
+    # host-device synchronisations per step (CUDA runtime calls that wait)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    waits = {e.key: e.count / 5 for e in prof.key_averages()
+             if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                          "cudaEventSynchronize", "cudaMemcpy", "aten::item",
+                          "aten::_local_scalar_dense", "aten::nonzero")}
+    print(f"   per step: {waits or 'no synchronising CUDA calls'}", flush=True)
     if a.host:
         pr = cProfile.Profile()
         pr.enable()
