@@ -69,7 +69,7 @@ class TrainingDiverged(TrainingError):
 #: produced by those values, so changing them would mislabel or mix two runs.
 RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_dir", "resume",
                   "device", "name", "eval_test_every", "log.progress", "log.every",
-                  "checkpoint.enabled", "data.num_workers", "data.prepare_graphs", "data.batcher",
+                  "checkpoint.enabled", "data.num_workers", "data.prepare_graphs", "data.batcher", "optimizer.implementation",
                   "compile.enabled", "compile.dynamic", "compile.mode", "compile.backend",
                   "compile.fullgraph", "memory_check")
 
@@ -205,12 +205,17 @@ AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # ----------------------------------------------------------------------------
 # optimiser / scheduler
 # ----------------------------------------------------------------------------
-def _make_optimizer(cfg: TrainConfig, params):
+def _make_optimizer(cfg: TrainConfig, params, device: torch.device):
     o = cfg.optimizer
+    fused = None
+    if o.name in ("adam", "adamw"):
+        fused = o.implementation == "fused" or (o.implementation == "auto"
+                                                and device.type == "cuda")
+        fused = True if fused else None
     if o.name == "adam":
-        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay, fused=fused)
     if o.name == "adamw":
-        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=fused)
     return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
 
 
@@ -376,7 +381,7 @@ class _Run:
             self.eval_model = torch.compile(self.net, **opts) if self.dist.enabled else model
             self.log(f"torch.compile({', '.join(f'{k}={v!r}' for k, v in opts.items())})")
         self.model = model
-        self.opt = _make_optimizer(cfg, model.parameters())
+        self.opt = _make_optimizer(cfg, model.parameters(), self.device)
         self.sched = _make_scheduler(cfg, self.opt)
 
     def _build_stores(self) -> None:
