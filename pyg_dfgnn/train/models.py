@@ -139,24 +139,31 @@ class GATNet(nn.Module):
             self.norms.append(nn.BatchNorm1d(width) if batch_norm else nn.Identity())
         self.head = _readout(readout, out_dim, num_classes)
 
+    def block(self, i: int, h: Tensor, edge_index) -> Tensor:
+        """Attention layer ``i`` with what follows it (the forward's loop body;
+        also one stage of layer-wise inference)."""
+        conv = self.convs[i]
+        if self.readout_kind == "conv":
+            h = conv(h, edge_index)
+            if i < len(self.convs) - 1:
+                h = F.dropout(F.elu(h), self.dropout, self.training)
+            return h
+        h_in = h
+        h = F.elu(self.norms[i](conv(h, edge_index)))
+        if self.residual and h.shape == h_in.shape:
+            h = h_in + h
+        return F.dropout(h, self.dropout, self.training)
+
     def forward(self, x: Tensor, edge_index, **_) -> Tensor:
         if self.readout_kind == "conv":
             h = F.dropout(x.float(), self.in_dropout, self.training)
-            for i, conv in enumerate(self.convs):
-                h = conv(h, edge_index)
-                if i < len(self.convs) - 1:
-                    h = F.elu(h)
-                    h = F.dropout(h, self.dropout, self.training)
+            for i in range(len(self.convs)):
+                h = self.block(i, h, edge_index)
             return h
         h = self.encoder(x)
         h = F.dropout(h, self.in_dropout, self.training)
-        for conv, norm in zip(self.convs, self.norms):
-            h_in = h
-            h = conv(h, edge_index)
-            h = F.elu(norm(h))
-            if self.residual and h.shape == h_in.shape:
-                h = h_in + h
-            h = F.dropout(h, self.dropout, self.training)
+        for i in range(len(self.convs)):
+            h = self.block(i, h, edge_index)
         return self.head(h)
 
 
@@ -259,15 +266,21 @@ class AGNNNet(nn.Module):
         h = F.relu(self.encoder(x))
         if self.categorical:
             h = F.dropout(h, self.in_dropout, self.training)
-        for conv, norm in zip(self.convs, self.norms):
-            h_in = h
-            h = conv(h, edge_index)
-            if self.block:
-                h = F.elu(norm(h))
-                if self.residual:
-                    h = h_in + h
+        for i in range(len(self.convs)):
+            h = self.propagate_block(i, h, edge_index)
         h = F.dropout(h, self.dropout, self.training)
         return self.head(h)
+
+    def propagate_block(self, i: int, h: Tensor, edge_index) -> Tensor:
+        """Propagation ``i`` (with BN/ELU/residual where configured): the
+        forward's loop body, also one stage of layer-wise inference."""
+        h_in = h
+        h = self.convs[i](h, edge_index)
+        if self.block:
+            h = F.elu(self.norms[i](h))
+            if self.residual:
+                h = h_in + h
+        return h
 
 
 # ----------------------------------------------------------------------------

@@ -32,6 +32,8 @@ metrics use only the seed nodes.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 import time
 import warnings
@@ -310,43 +312,19 @@ def model_stages(model):
         raise ValueError("model_stages: the model must be in eval mode (dropout and "
                          "BatchNorm statistics are not node-wise in training)")
     if isinstance(model, GATNet):
+        stages = [functools.partial(model.block, i) for i in range(len(model.convs))]
         if model.readout_kind == "conv":
-            last = len(model.convs) - 1
-
-            def conv_stage(i, conv):
-                def stage(h, ei):
-                    h = conv(h, ei)
-                    return F.elu(h) if i < last else h
-                return stage
-            return ((lambda x: x.float()), [conv_stage(i, c) for i, c in enumerate(model.convs)],
-                    (lambda h: h))
-
-        def gat_stage(conv, norm):
-            def stage(h, ei):
-                h_in = h
-                h = F.elu(norm(conv(h, ei)))
-                return h_in + h if model.residual and h.shape == h_in.shape else h
-            return stage
-        return (model.encoder, [gat_stage(c, n) for c, n in zip(model.convs, model.norms)],
-                model.head)
+            return (lambda x: x.float()), stages, (lambda h: h)
+        return model.encoder, stages, model.head
     if isinstance(model, GraphTransformerNet):
         if model.lap_pe:
             raise ValueError("layer-wise inference: the Graph Transformer with Laplacian "
                              "PE is for graph data sets")
         return model.encoder, list(model.layers), model.head
     if isinstance(model, AGNNNet):
-        def agnn_stage(conv, norm):
-            def stage(h, ei):
-                h_in = h
-                h = conv(h, ei)
-                if model.block:
-                    h = F.elu(norm(h))
-                    if model.residual:
-                        h = h_in + h
-                return h
-            return stage
         return ((lambda x: F.relu(model.encoder(x))),
-                [agnn_stage(c, n) for c, n in zip(model.convs, model.norms)], model.head)
+                [functools.partial(model.propagate_block, i) for i in range(len(model.convs))],
+                model.head)
     raise TypeError(f"layer-wise inference: no layer decomposition for "
                     f"{type(model).__name__}; use data.eval=full or sampled")
 
