@@ -63,15 +63,20 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
 }
 
 // ------------------------------------------------------------ feature layout
-// The kernels load features in 16-byte vectors (8-byte ones where a 16-byte
-// multiple would pad by more than a quarter), so every head of a row must
-// start on a vector boundary.  Widths that are not a multiple of the vector
-// (8 x 10, 8 x 19 fp32, ...) are zero-padded here instead of running a scalar
-// path: zero features add nothing to scores, dP or Delta, and the padded
-// output / gradient columns are sliced off.  Tensors that are not 16-byte
-// aligned (views into a larger buffer) are copied.
+// The kernels load features in 16-byte vectors, or 8-byte ones where F is not a
+// multiple of the 16-byte vector, so every head of a row must start on a
+// vector boundary.  A width that is a multiple of the 8-byte vector (8 x 10
+// fp32, 4 x 12 bf16, ...) runs as it is: no copy.  Other widths (8 x 19 fp32,
+// 8 x 10 bf16, ...) are zero-padded here instead of running a scalar path:
+// zero features add nothing to scores, dP or Delta, and the padded output /
+// gradient columns are sliced off.  The padded width is a 16-byte multiple, or
+// an 8-byte one where the 16-byte multiple would pad by more than a quarter.
+// (Layers on GPU-bound calls project straight into a padded width themselves:
+// pyg_dfgnn/nn/_padded.py.)  Tensors that are not 16-byte aligned (views into a
+// larger buffer) are copied.
 int64_t padded_width(int64_t F, at::ScalarType dt) {
   const int64_t vmax = 16 / (int64_t)c10::elementSize(dt), half = vmax / 2;
+  if (F % half == 0) return F;
   int64_t fp = (F + vmax - 1) / vmax * vmax;
   if ((fp - F) * 4 > F) fp = (F + half - 1) / half * half;
   return fp;

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -99,24 +99,38 @@ def _lanes_in_flight(device: torch.device) -> int:
     return 132 * 2048
 
 
-def padded_width(feat: int, dtype: torch.dtype) -> int:
-    """Feature width the CUDA kernels run at (cuda/dfgnn_ops.cpp: padded_width):
-    ``feat`` rounded up to a 16-byte vector, or to an 8-byte one where the
-    16-byte multiple would pad by more than a quarter."""
+def _vectors(dtype: torch.dtype) -> Tuple[int, int]:
+    """Elements per 16-byte and per 8-byte vector of ``dtype``."""
     vmax = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
-    half = max(vmax // 2, 1)
+    return vmax, max(vmax // 2, 1)
+
+
+def padded_width(feat: int, dtype: torch.dtype) -> int:
+    """The vector-friendly head width a layer projects to on GPU-bound calls
+    (:mod:`pyg_dfgnn.nn._padded`): ``feat`` rounded up to a 16-byte vector, or
+    to an 8-byte one where the 16-byte multiple would pad by more than a
+    quarter."""
+    vmax, half = _vectors(dtype)
     fp = -(-feat // vmax) * vmax
     if (fp - feat) * 4 > feat:
         fp = -(-feat // half) * half
     return fp
 
 
+def op_width(feat: int, dtype: torch.dtype) -> int:
+    """Feature width the CUDA op runs a ``feat``-wide head at
+    (cuda/dfgnn_ops.cpp: padded_width): ``feat`` itself when it is a multiple
+    of the 8-byte vector (no copy), else :func:`padded_width` (the op pads)."""
+    _, half = _vectors(dtype)
+    return feat if feat % half == 0 else padded_width(feat, dtype)
+
+
 def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     """Lanes per (row, head) the kernel picks (cuda/attention_launch.cuh:
-    choose_group) for the padded width."""
-    vmax = 16 // (torch.finfo(dtype).bits // 8) if dtype != torch.float64 else 2
-    fp = padded_width(feat, dtype)
-    vec = vmax if fp % vmax == 0 else max(vmax // 2, 1)
+    choose_group) for the width it runs at."""
+    vmax, half = _vectors(dtype)
+    fp = op_width(feat, dtype)
+    vec = vmax if fp % vmax == 0 else half
     need = -(-fp // (vec * chunks_for(vec)))
     g = 4 if kind == 0 else 1   # GAT (kind 0) keeps >= 4 lanes
     while g < 32 and g < need:

@@ -39,6 +39,14 @@ def test_padded_width_mirrors_kernel():
     assert schedule.padded_width(10, torch.bfloat16) == 12
     assert schedule.padded_width(19, torch.bfloat16) == 20
     assert schedule.padded_width(16, torch.bfloat16) == 16
+    # the op copies only widths that are not a multiple of the 8-byte vector
+    assert schedule.op_width(10, torch.float32) == 10
+    assert schedule.op_width(6, torch.float32) == 6
+    assert schedule.op_width(19, torch.float32) == 20
+    assert schedule.op_width(64, torch.float32) == 64
+    assert schedule.op_width(10, torch.bfloat16) == 12
+    assert schedule.op_width(12, torch.bfloat16) == 12
+    assert schedule.op_width(19, torch.float16) == 20
 
 
 def test_dot_value_width_differs_from_key_width():
