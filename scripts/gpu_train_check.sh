@@ -14,6 +14,7 @@ run() {  # label config args...
   timeout 300 python -m pyg_dfgnn train "configs/$cfg" $COMMON "$@" out_dir="$RUNS/$label" \
     > "$RUNS/$label.log" 2>&1 || echo "$label: exit $? ($(tail -1 "$RUNS/$label.log"))"
 }
+if [ -z "${SKIP_DEFAULT:-}" ]; then   # SKIP_DEFAULT=1: only the EXTRA_RUNS
 run gt_fused pattern_gt.yaml backend=fused
 run gt_pyg pattern_gt.yaml backend=pyg
 run gat_fused pattern_gat.yaml backend=fused
@@ -26,6 +27,7 @@ run gat_fused_bf16 pattern_gat.yaml backend=fused precision=bf16
 run gat_pyg_bf16 pattern_gat.yaml backend=pyg precision=bf16
 run gat_fused_dataloader pattern_gat.yaml backend=fused data.batcher=pyg
 run gat_pyg_dataloader pattern_gat.yaml backend=pyg data.batcher=pyg
+fi
 eval "${EXTRA_RUNS:-}"
 python - "$RUNS" "$OUT" <<'EOF'
 import json, sys, pathlib

@@ -32,6 +32,10 @@ def main(argv=None):
     ap.add_argument("--graphs", type=int, default=26)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--host", type=int, default=0, help="print the N hottest host functions")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile(model, dynamic=True) (compiled before the timing)")
+    ap.add_argument("--ops", type=int, default=0,
+                    help="print the N ops with the most host (self CPU) time per step")
     ap.add_argument("--store", action="store_true",
                     help="a fresh batch every step from pyg_dfgnn.data.GraphBatcher (as the "
                          "trainer's data.batcher=store), instead of one cached batch")
@@ -41,7 +45,11 @@ def main(argv=None):
     b = pattern_like_batch(a.graphs, seed=0).to(dev)
     torch.manual_seed(0)
     net = build_model(cfg.model, b.x.size(-1), 2, True, a.backend).to(dev)
-    opt = torch.optim.Adam(net.parameters(), 1e-4)
+    # as the trainer's optimizer.implementation=auto: torch's fused Adam on CUDA
+    opt = torch.optim.Adam(net.parameters(), 1e-4, fused=True)
+    fwd_net = net
+    if a.compile:
+        fwd_net = torch.compile(net, dynamic=True)
     batches = None
     if a.store:
         from pyg_dfgnn.data import GraphBatcher, PrepareGraphs, generate_split
@@ -57,14 +65,14 @@ def main(argv=None):
         if batches is not None:
             bb = store.batch(batches[it[0] % len(batches)], dev)
             it[0] += 1
-        out = net(bb.x, bb.edge_index)
+        out = fwd_net(bb.x, bb.edge_index)
         loss = torch.nn.functional.cross_entropy(out.float(), bb.y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
     wall, gpu, _ = wall_and_kernels(step, a.steps, warmup=5)
-    print(f"{Path(a.config).stem} {a.backend}{' store' if a.store else ''}: {wall:.2f} ms/step "
+    print(f"{Path(a.config).stem} {a.backend}{' store' if a.store else ''}{' compiled' if a.compile else ''}: {wall:.2f} ms/step "
           f"wall, {gpu:.2f} ms/step GPU kernels ({100 * gpu / wall:.0f}% busy), batch of "
           f"{a.graphs} graphs ({b.num_nodes} nodes, {b.edge_index.size(1)} edges)", flush=True)
     # host-device synchronisations per step (CUDA runtime calls that wait)
@@ -78,6 +86,12 @@ def main(argv=None):
                           "cudaEventSynchronize", "cudaMemcpy", "aten::item",
                           "aten::_local_scalar_dense", "aten::nonzero")}
     print(f"   per step: {waits or 'no synchronising CUDA calls'}", flush=True)
+    if a.ops:
+        rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:a.ops]
+        total = sum(e.self_cpu_time_total for e in prof.key_averages()) / 5
+        print(f"   host (self CPU) time per step in profiled ops: {total / 1e3:.2f} ms; top:")
+        for e in rows:
+            print(f"   {e.self_cpu_time_total / 5:9.1f} us  x{e.count / 5:6.1f}  {e.key}")
     if a.host:
         pr = cProfile.Profile()
         pr.enable()
