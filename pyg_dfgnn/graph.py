@@ -591,6 +591,39 @@ def _with_self_loops(adj: Any, num_nodes: int, num_src: int, num_dst: int) -> CS
     return from_edge_index(ei, num_src, num_dst)
 
 
+class GraphRef(NamedTuple):
+    """A plain ``edge_index`` tensor whose CSR conversion happens inside the
+    fused op, when it runs (:func:`pyg_dfgnn.ops.fused.graph_attention`).
+
+    Under ``torch.compile`` the cached conversion (:func:`get_graph`: a
+    weak-reference cache, data-dependent sizes, one host sync on a miss)
+    cannot be traced; the layers then hand the op this reference instead of a
+    :class:`CSRGraph`, and the op converts (or hits the cache) at run time, so
+    the traced graph has no break at the layer.  ``self_loops`` as in
+    :func:`get_graph`.
+    """
+
+    edge_index: Tensor
+    num_src: Any
+    num_dst: Any
+    self_loops: Optional[Any] = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.edge_index.device
+
+    @property
+    def num_edges(self) -> Any:
+        """Edges of the converted graph; only known before the conversion
+        when no self-loops are added (``None`` otherwise)."""
+        return self.edge_index.size(1) if self.self_loops is None else None
+
+    def resolve(self) -> "CSRGraph":
+        """The (cached) conversion: :func:`get_graph`."""
+        return get_graph(self.edge_index, (int(self.num_src), int(self.num_dst)),
+                         None if self.self_loops is None else int(self.self_loops))
+
+
 def get_graph(adj: Any, size: Optional[Tuple[Optional[int], Optional[int]]] = None,
               self_loops: Optional[int] = None, trusted: bool = False) -> CSRGraph:
     """Cached :func:`build_graph`.

@@ -28,7 +28,7 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import add_self_loops, remove_self_loops
 from torch_geometric.utils.sparse import set_sparse_value
 
-from ..graph import CSRGraph, get_graph, is_sparse_tensor, is_torch_sparse, plain
+from ..graph import CSRGraph, GraphRef, get_graph, is_sparse_tensor, is_torch_sparse, plain
 from ..ops import SUPPORTED_DTYPES
 
 __all__ = ["FusedAttentionMixin", "Adjacency", "resolve_adjacency", "common_dtype",
@@ -290,10 +290,10 @@ def implied_edge_attr(edge_index: Any, edge_attr: Optional[Tensor]) -> Optional[
     return None
 
 
-def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
-                      num_dst: Optional[int], *, loops: Optional[int] = None,
-                      fill_value: Any = None, edge_attr: Optional[Tensor] = None,
-                      use_edge_attr: bool = False, need_adj: bool = False) -> Adjacency:
+def _resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
+                       num_dst: Optional[int], *, loops: Optional[int] = None,
+                       fill_value: Any = None, edge_attr: Optional[Tensor] = None,
+                       use_edge_attr: bool = False, need_adj: bool = False) -> Adjacency:
     """Adjacency of one layer call, following PyG's ``forward`` + ``propagate``.
 
     Args:
@@ -357,11 +357,55 @@ def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
     return Adjacency(graph, ea, adj)
 
 
-# The conversion is Python (weak-reference cache, one host sync on a miss):
-# under torch.compile it runs eagerly -- one graph break per layer call, at the
-# call site -- while everything around it, the fused op included, is traced.
-resolve_adjacency = torch.compiler.disable(
-    resolve_adjacency, reason="pyg_dfgnn: cached CSR conversion of the adjacency")
+# The conversion is Python (weak-reference cache, one host sync on a miss) and
+# cannot be traced: under torch.compile a plain edge_index tensor is handed to
+# the op as a GraphRef (the op converts it when it runs, see
+# ops/fused.py: graph_attention_fwd), and only the other adjacency types and
+# the calls that need the converted graph in Python (attention weights,
+# self-loop edge features) run it eagerly -- one graph break at the call site.
+_resolve_adjacency_eager = torch.compiler.disable(
+    _resolve_adjacency, reason="pyg_dfgnn: cached CSR conversion of the adjacency")
+
+
+def _traceable_ref(edge_index: Any, size: Any, num_src: Optional[int],
+                   num_dst: Optional[int], loops: Optional[int], edge_attr: Optional[Tensor],
+                   use_edge_attr: bool, need_adj: bool) -> Optional[GraphRef]:
+    """The :class:`GraphRef` of a call the op can convert itself, or ``None``."""
+    if type(edge_index) is not Tensor or need_adj:
+        return None
+    if use_edge_attr and edge_attr is not None and loops is not None:
+        return None   # looped edge features are built from the converted graph
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        return None   # the eager path raises PyG's error
+    ns = size[0] if size is not None and size[0] is not None else None
+    nd = size[1] if size is not None and size[1] is not None else None
+    ns = ns if ns is not None else num_src
+    nd = nd if nd is not None else num_dst
+    if ns is None:
+        ns = nd
+    if nd is None:
+        nd = ns
+    if ns is None:
+        return None   # sizes from the indices' maximum: data-dependent
+    return GraphRef(edge_index, ns, nd, loops)
+
+
+def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
+                      num_dst: Optional[int], *, loops: Optional[int] = None,
+                      fill_value: Any = None, edge_attr: Optional[Tensor] = None,
+                      use_edge_attr: bool = False, need_adj: bool = False) -> Adjacency:
+    """:func:`_resolve_adjacency` (see there for the arguments), except
+    under torch.compile, where a plain ``edge_index`` tensor becomes a
+    :class:`~pyg_dfgnn.graph.GraphRef` that the fused op converts when it runs
+    (no graph break)."""
+    if torch.compiler.is_compiling():
+        ref = _traceable_ref(edge_index, size, num_src, num_dst, loops, edge_attr,
+                             use_edge_attr, need_adj)
+        if ref is not None:
+            return Adjacency(ref, edge_attr if use_edge_attr else None, edge_index)
+    return _resolve_adjacency_eager(edge_index, size, num_src, num_dst, loops=loops,
+                                    fill_value=fill_value, edge_attr=edge_attr,
+                                    use_edge_attr=use_edge_attr, need_adj=need_adj)
 
 
 # --------------------------------------------------------------------------- #

@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..graph import CSRGraph
+from ..graph import CSRGraph, GraphRef
 from . import fused, reference
 from .reference import DOT, GAT, GATV2
 
@@ -41,7 +41,7 @@ def _layout(dims) -> str:
 
 
 def _check_graph(graph: Any) -> None:
-    if not isinstance(graph, CSRGraph):
+    if not isinstance(graph, (CSRGraph, GraphRef)):
         raise ValueError(
             f"'graph' must be a pyg_dfgnn.graph.CSRGraph, got {type(graph).__name__}; "
             f"build one with pyg_dfgnn.graph.get_graph(edge_index, (num_src, num_dst))")
@@ -73,7 +73,7 @@ def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = ()) -> Di
             if sym in _ROWS:
                 attr, what, one = _ROWS[sym]
                 want = getattr(graph, attr)
-                if n != want:
+                if want is not None and n != want:  # (GraphRef: edges unknown with loops)
                     raise ValueError(
                         f"'{name}' has {n} rows but the graph has {want} {what} "
                         f"(graph.{attr}): '{name}' needs one row per {one}")
@@ -115,8 +115,18 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
          value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor], scale: float,
          negative_slope: float, dropout: float, return_alpha: bool
          ) -> Tuple[Tensor, Optional[Tensor]]:
-    from ..schedule import plan_for
     seed = _seed(dropout, graph.device)
+    if isinstance(graph, GraphRef):  # torch.compile: the op converts edge_index itself
+        if return_alpha:
+            raise ValueError("'return_alpha' needs a CSRGraph, not a GraphRef")
+        out = fused.graph_attention(
+            kind, graph, dst_feat.contiguous(), src_feat.contiguous(),
+            value.contiguous() if value is not None else None,
+            edge.contiguous() if edge is not None else None,
+            att.contiguous() if att is not None else None, float(scale),
+            float(negative_slope), float(dropout), seed)
+        return out, None
+    from ..schedule import plan_for
     dt = src_feat.dtype
     heads = src_feat.size(1)
     feat = (value if value is not None else src_feat)

@@ -271,3 +271,125 @@ def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
         if src_feat.device.type == "cpu":
             return EagerAttentionCPU.apply(*args)
     return attention_fwd(*args)
+
+
+# --------------------------------------------------------------------------- #
+# the op on an edge_index (torch.compile)
+# --------------------------------------------------------------------------- #
+
+def _impls(t: Tensor):
+    """The (forward, backward) implementations for tensors like ``t``."""
+    if t.is_cuda:
+        return _attention_fwd_cuda, _attention_bwd_cuda
+    if t.device.type == "cpu":
+        return _attention_fwd_cpu, _attention_bwd_cpu
+    return ((lambda *a: attention_fwd(*a)), (lambda *a: attention_bwd(*a)))
+
+
+def _resolved(kind: int, edge_index: Tensor, num_src: int, num_dst: int, self_loops: int,
+              feat: Tensor, heads: int):
+    """The cached CSR conversion of ``edge_index`` and its schedule."""
+    from ..graph import GraphRef
+    from ..schedule import plan_for
+    graph = GraphRef(edge_index, num_src, num_dst,
+                     None if self_loops < 0 else self_loops).resolve()
+    plan = plan_for(graph, kind, feat.size(-1) if feat.dim() == 3 else 1, heads, feat.dtype)
+    return graph, plan
+
+
+@torch.library.custom_op("dfgnn::graph_attention_fwd", mutates_args=())
+def graph_attention_fwd(kind: int, edge_index: Tensor, num_src: int, num_dst: int,
+                        self_loops: int, dst_feat: Tensor, src_feat: Tensor,
+                        value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],
+                        scale: float, negative_slope: float, dropout_p: float,
+                        seed: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """:func:`attention_fwd` on an ``edge_index`` ``[2, E]`` (PyG's layout)
+    instead of a CSR: the op converts it with the graph cache
+    (:func:`pyg_dfgnn.graph.get_graph`, ``self_loops < 0`` = none) when it
+    runs.  Output sizes depend on ``num_dst`` and the feature shapes only, so
+    torch.compile traces a layer around it without a graph break.  Returns
+    ``(out, lse)``; ``edge`` is in ``edge_index``'s order."""
+    fwd, _ = _impls(src_feat)
+    heads = src_feat.size(1)
+    feat = value if value is not None else src_feat
+    graph, plan = _resolved(kind, edge_index, num_src, num_dst, self_loops, feat, heads)
+    out, lse, _ = fwd(kind, graph.rowptr, graph.col, graph.perm, graph.t_rowptr, graph.t_col,
+                      graph.t_perm, dst_feat, src_feat, value, edge, att, scale,
+                      negative_slope, dropout_p, seed, False, plan.sched, plan.work,
+                      plan.merge, plan.t_work, plan.t_merge)
+    return out, lse
+
+
+@graph_attention_fwd.register_fake
+def _graph_attention_fwd_fake(kind, edge_index, num_src, num_dst, self_loops, dst_feat,
+                              src_feat, value, edge, att, scale, negative_slope, dropout_p,
+                              seed):
+    shp = _feat_shape(kind, src_feat, value)
+    lse_dt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
+    out = src_feat.new_empty((num_dst, shp[1], shp[2]), dtype=_out_dtype(kind, src_feat, value))
+    return out, src_feat.new_empty((2, num_dst, shp[1]), dtype=lse_dt)
+
+
+@torch.library.custom_op("dfgnn::graph_attention_bwd", mutates_args=())
+def graph_attention_bwd(kind: int, edge_index: Tensor, num_src: int, num_dst: int,
+                        self_loops: int, dst_feat: Tensor, src_feat: Tensor,
+                        value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],
+                        scale: float, negative_slope: float, dropout_p: float,
+                        seed: Optional[Tensor], out: Tensor, lse: Tensor,
+                        grad_out: Tensor) -> List[Tensor]:
+    """Backward of :func:`graph_attention_fwd` (the conversion is a cache hit)."""
+    _, bwd = _impls(src_feat)
+    heads = src_feat.size(1)
+    feat = value if value is not None else src_feat
+    graph, plan = _resolved(kind, edge_index, num_src, num_dst, self_loops, feat, heads)
+    return list(bwd(kind, graph.rowptr, graph.col, graph.perm, graph.t_rowptr, graph.t_col,
+                    graph.t_perm, dst_feat, src_feat, value, edge, att, scale, negative_slope,
+                    dropout_p, seed, out, lse, grad_out.contiguous(), plan.sched, plan.work,
+                    plan.merge, plan.t_work, plan.t_merge))
+
+
+@graph_attention_bwd.register_fake
+def _graph_attention_bwd_fake(kind, edge_index, num_src, num_dst, self_loops, dst_feat,
+                              src_feat, value, edge, att, scale, negative_slope, dropout_p,
+                              seed, out, lse, grad_out):
+    def like(t):
+        return torch.empty_like(t) if t is not None else src_feat.new_empty((0,))
+    return [like(dst_feat), like(src_feat), like(value), like(edge), like(att)]
+
+
+def _graph_setup_context(ctx, inputs, output):
+    (kind, edge_index, num_src, num_dst, self_loops, dst_feat, src_feat, value, edge, att,
+     scale, negative_slope, dropout_p, seed) = inputs
+    out, lse = output
+    ctx.args = (kind, num_src, num_dst, self_loops, scale, negative_slope, dropout_p)
+    ctx.save_for_backward(edge_index, dst_feat, src_feat, value, edge, att, seed, out, lse)
+    ctx.mark_non_differentiable(lse)
+
+
+def _graph_backward(ctx, grad_out, _grad_lse):
+    edge_index, dst_feat, src_feat, value, edge, att, seed, out, lse = ctx.saved_tensors
+    kind, num_src, num_dst, self_loops, scale, slope, p = ctx.args
+    d_dst, d_src, d_value, d_edge, d_att = graph_attention_bwd(
+        kind, edge_index, num_src, num_dst, self_loops, dst_feat, src_feat, value, edge, att,
+        scale, slope, p, seed, out, lse, grad_out)
+
+    def opt(t, x):
+        return t if (x is not None and t.numel() == x.numel()) else None
+    return (None,) * 5 + (d_dst, d_src, opt(d_value, value), opt(d_edge, edge),
+                          opt(d_att, att)) + (None,) * 4
+
+
+graph_attention_fwd.register_autograd(_graph_backward, setup_context=_graph_setup_context)
+
+
+def graph_attention(kind: int, ref, dst_feat: Tensor, src_feat: Tensor,
+                    value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],
+                    scale: float, negative_slope: float, dropout_p: float,
+                    seed: Optional[Tensor]) -> Tensor:
+    """``out`` of :func:`graph_attention_fwd` for a
+    :class:`~pyg_dfgnn.graph.GraphRef` ``ref``, with autograd."""
+    loops = -1 if ref.self_loops is None else ref.self_loops
+    out, _ = graph_attention_fwd(kind, ref.edge_index, ref.num_src, ref.num_dst, loops,
+                                 dst_feat, src_feat, value, edge, att, scale, negative_slope,
+                                 dropout_p, seed)
+    return out

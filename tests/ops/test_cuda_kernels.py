@@ -165,6 +165,29 @@ def test_opcheck(kind):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
+def test_opcheck_graph_attention(kind):
+    """The op on an edge_index (what compiled layers call) on CUDA, with a
+    split schedule (super node): opcheck, and bit-identical to the CSR op."""
+    from pyg_dfgnn.ops import fused
+    k = KINDS[kind]
+    ei = random_graph(300, 300, 4000, super_node=(2000, 1)).cuda()
+    g = get_graph(ei, (300, 300))
+    inp = make_inputs(k, 300, 300, ei.size(1), 2, 16, torch.float32, "cuda", True)
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    args = (k, ei, 300, 300, -1, inp["dst"], inp["src"], inp["val"], inp["edge"],
+            inp["att"], 0.5, 0.2, 0.0, None)
+    torch.library.opcheck(fused.graph_attention_fwd, args)
+    out = fused.graph_attention_fwd(*args)[0]
+    grads = torch.autograd.grad(out.square().sum(), leaves(inp))
+    ref = fused.attention_fwd(*op_args(k, g, inp))[0]   # same scale (0.5)
+    ref_grads = torch.autograd.grad(ref.square().sum(), leaves(inp))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_eager_route_equals_custom_op(kind):
     """Eager CUDA calls take ``EagerAttention`` (no custom-op dispatch); it must
     give bit-identical outputs and gradients to the registered custom op."""
