@@ -34,6 +34,8 @@ def main(argv=None):
     ap.add_argument("--host", type=int, default=0, help="print the N hottest host functions")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile(model, dynamic=True) (compiled before the timing)")
+    ap.add_argument("--stacks", action="store_true",
+                    help="print the Python stacks of the synchronising calls of one step")
     ap.add_argument("--ops", type=int, default=0,
                     help="print the N ops with the most host (self CPU) time per step")
     ap.add_argument("--store", action="store_true",
@@ -71,7 +73,12 @@ def main(argv=None):
         loss.backward()
         opt.step()
 
+    from pyg_dfgnn import graph as _g
+    h0, m0 = _g._cache.hits, _g._cache.misses
     wall, gpu, _ = wall_and_kernels(step, a.steps, warmup=5)
+    n = a.steps * 2 + 5
+    print(f"   graph cache per step: {(_g._cache.hits - h0) / n:.1f} hits, "
+          f"{(_g._cache.misses - m0) / n:.1f} misses", flush=True)
     print(f"{Path(a.config).stem} {a.backend}{' store' if a.store else ''}{' compiled' if a.compile else ''}: {wall:.2f} ms/step "
           f"wall, {gpu:.2f} ms/step GPU kernels ({100 * gpu / wall:.0f}% busy), batch of "
           f"{a.graphs} graphs ({b.num_nodes} nodes, {b.edge_index.size(1)} edges)", flush=True)
@@ -86,6 +93,13 @@ def main(argv=None):
                           "cudaEventSynchronize", "cudaMemcpy", "aten::item",
                           "aten::_local_scalar_dense", "aten::nonzero")}
     print(f"   per step: {waits or 'no synchronising CUDA calls'}", flush=True)
+    if a.stacks:
+        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof2:
+            step()
+            torch.cuda.synchronize()
+        for e in prof2.key_averages(group_by_stack_n=12):
+            if e.key in ("aten::item", "aten::nonzero", "cudaStreamSynchronize"):
+                print(f"   {e.key} x{e.count} from:\n      " + "\n      ".join(e.stack))
     if a.ops:
         rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:a.ops]
         total = sum(e.self_cpu_time_total for e in prof.key_averages()) / 5

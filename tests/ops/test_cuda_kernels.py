@@ -180,7 +180,10 @@ def test_opcheck_graph_attention(kind):
     torch.library.opcheck(fused.graph_attention_fwd, args)
     out = fused.graph_attention_fwd(*args)[0]
     grads = torch.autograd.grad(out.square().sum(), leaves(inp))
-    ref = fused.attention_fwd(*op_args(k, g, inp))[0]   # same scale (0.5)
+    # the CSR op with the same (automatic, split) schedule and scale
+    plan = schedule.plan_for(g, k, 16, 2, torch.float32)
+    ref = fused.attention_fwd(*(op_args(k, g, inp)[:17] + (
+        plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge)))[0]
     ref_grads = torch.autograd.grad(ref.square().sum(), leaves(inp))
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     for a, b in zip(grads, ref_grads):
