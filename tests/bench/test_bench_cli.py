@@ -166,8 +166,8 @@ def test_summary_is_printed_last(quick_run, capsys):
     lines = text.splitlines()
     for section, shape, dt in (("layer", "4x64", "float32"), ("layer", "8x10", "bfloat16"),
                                ("op", "8x10", "float32")):
-        assert sum(ln.split()[:3] == [section, shape, dt] for ln in lines) == 1, (section,
-                                                                                shape, dt)
+        n = sum(ln.split()[:3] == [section, shape, dt] for ln in lines)
+        assert n == 1, (section, shape, dt)
     # ... and the bf16 / fp32 ratio of the fused forward+backward per layer and shape
     assert "low precision / fp32" in text and "<= 0.7" in text
     for layer in LAYERS:
@@ -181,8 +181,8 @@ def test_summary_is_printed_last(quick_run, capsys):
     a = agg[("layer", "8x10", "bfloat16")]
     assert a["cases"] == 4 and a["ok"] == 4 and a["median_speedup_fwdbwd"] > 0
     ratios = [x for x in data["summary"]["dtype_ratios"] if x["section"] == "layer"]
-    assert {(x["case"], x["shape"]) for x in ratios} == {(ly, s) for ly in LAYERS
-                                                       for s in ("4x64", "8x10")}
+    want = {(ly, s) for ly in LAYERS for s in ("4x64", "8x10")}
+    assert {(x["case"], x["shape"]) for x in ratios} == want
     assert all(set(x["per_graph"]) == {"uniform_1k"} and x["met"] in (True, False)
                for x in ratios)
 
@@ -195,8 +195,8 @@ def test_ops_mode(tmp_path):
     data = json.loads((out / "results.json").read_text())
     assert {r["section"] for r in data["results"]} == {"op"}
     assert len(data["results"]) == 3 * 2 * 2  # ops x dtypes x contenders
-    assert {(r["shape"], r["dtype"]) for r in data["results"]} == {("8x10", "float32"),
-                                                                    ("8x10", "bfloat16")}
+    want = {("8x10", "float32"), ("8x10", "bfloat16")}
+    assert {(r["shape"], r["dtype"]) for r in data["results"]} == want
     assert not any(p.endswith(".png") for p in os.listdir(out))
 
 

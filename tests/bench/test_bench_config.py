@@ -73,8 +73,8 @@ def test_plan_order_and_limits():
                    "only": {"pyg_sparse": {"dtypes": ["float32"], "graphs": ["a"]}}},
     })
     plan = section_plan(cfg, "layers", {"name": "a", "kind": "uniform"})
-    assert [(s, dt) for s, dt, _ in plan] == [((4, 64), "float32"), ((4, 64), "bfloat16"),
-                                             ((8, 10), "float32"), ((8, 10), "bfloat16")]
+    assert [(s, dt) for s, dt, _ in plan] == [
+        ((4, 64), "float32"), ((4, 64), "bfloat16"), ((8, 10), "float32"), ((8, 10), "bfloat16")]
     assert [c for _, _, c in plan] == [["fused", "pyg", "pyg_sparse"], ["fused", "pyg"],
                                        ["fused", "pyg", "pyg_sparse"], ["fused", "pyg"]]
     plan_b = section_plan(cfg, "layers", {"name": "b", "kind": "uniform"})

@@ -60,8 +60,8 @@ def test_dtype_ratios_and_target():
     ratios = report.dtype_ratios(rows)
     assert len(ratios) == 1  # only 8x19 has both dtypes
     x = ratios[0]
-    assert (x["case"], x["shape"], x["dtype"], x["ref_dtype"]) == ("gat", "8x19", "bfloat16",
-                                                                  "float32")
+    assert (x["case"], x["shape"], x["dtype"], x["ref_dtype"]) == (
+        "gat", "8x19", "bfloat16", "float32")
     assert x["per_graph"] == {"g1": 0.5, "g2": 1.0}
     assert x["median"] == 0.75 and x["max"] == 1.0 and x["met"] is False
     rows[-5]["fwdbwd_ms"] = 1.5  # g2 bf16 fused: 1.5 / 3 = 0.5 <= 0.7

@@ -212,6 +212,7 @@ def test_timing_helpers():
     assert timing.peak_memory_mb(lambda: None, CPU) == 0.0
     # CPU: peak of the tensor memory allocated during the call (two 4 MiB
     # buffers alive at once, then freed), not what is left at the end
+
     def two():
         a = torch.empty(1 << 20)
         b = torch.empty(1 << 20)
@@ -261,6 +262,7 @@ def test_low_precision_reference_is_fp64_else_fp32():
 
 def test_bf16_case_gate():
     case = _bf16_gat_case()
+
     def tripled(case):  # output 3x: relative error 2
         m, ei = case.extra["native"], case.extra["edge_index"]
         return Prepared(fn=lambda x: 3.0 * m(x, ei), params=dict(m.named_parameters()))
