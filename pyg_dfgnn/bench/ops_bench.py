@@ -40,10 +40,10 @@ def build_op_case(graph: BenchGraph, name: str, heads: int, channels: int,
     from ..ops.reference import naive_attention
     kind = _kind(name)
     n, H, Fd = graph.num_nodes, heads, channels
-    gen = torch.Generator().manual_seed(seed + 7)
+    gen = torch.Generator(device=device).manual_seed(seed + 7)  # see layers.build_case
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
 
     if name == "gat":
         inputs = [rnd(n, H, Fd), rnd(n, H), rnd(n, H)]          # x, a_src, a_dst

@@ -49,7 +49,7 @@ def test_default_config_expands_to_the_shape_dtype_graph_matrix():
     assert big == {("4x64", "float32")}
     assert not any(k[0] == "op" and k[1] == "uniform_500k" for k in cases)
     # pyg_compile is still limited to compile.graphs by the compile gate, not the plan
-    assert cfg["compile"]["graphs"] == ["uniform_100k", "pattern_128"]
+    assert cfg["compile"]["graphs"] == ["uniform_100k"]
 
 
 def test_quick_config_covers_two_shapes_and_bf16():
