@@ -3,7 +3,8 @@
 ``dfgnn bench [configs/bench_<name>.yaml] [--quick] [--ops] [--out DIR]``
 (:func:`pyg_dfgnn.bench.cli.main`).  Modules:
 
-* :mod:`.config`      -- built-in defaults, YAML loading, ``--quick``;
+* :mod:`.config`      -- built-in defaults, YAML loading, ``--quick``, the
+  shape x dtype case matrix (``--plan``);
 * :mod:`.graphs`      -- benchmark graphs from config entries;
 * :mod:`.timing`      -- CUDA-event / perf_counter timing, peak memory, OOM;
 * :mod:`.runner`      -- reference, correctness gate, timing of one contender;

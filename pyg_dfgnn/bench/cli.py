@@ -20,6 +20,8 @@ examples:
   dfgnn bench --quick --out runs/bench_quick           # CPU smoke run, < 1 min
   dfgnn bench configs/bench_default.yaml --out runs/b  # full GPU suite
   dfgnn bench --ops --out runs/ops                     # kernel-level ops only
+  dfgnn bench configs/bench_default.yaml --plan        # list the case matrix, run nothing
+  dfgnn bench configs/bench_default.yaml --shapes 8x19 --dtypes bfloat16 --out runs/s
   dfgnn bench --summary runs/b                         # re-print a finished run's summary
 """
 
@@ -45,13 +47,19 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--graphs", help="comma-separated graph names to run")
     p.add_argument("--layers", help="comma-separated layers (gat,gatv2,transformer,agnn)")
     p.add_argument("--contenders", help="comma-separated layer contenders")
-    p.add_argument("--dtypes", help="comma-separated dtypes (float32,float16,bfloat16)")
+    p.add_argument("--dtypes", help="comma-separated dtypes (float32,float16,bfloat16); "
+                   "replaces the top-level and the sections' dtypes")
+    p.add_argument("--shapes", help="comma-separated heads x channels per head, e.g. "
+                   "4x64,8x10 (replaces layers.shapes and ops.shapes)")
     p.add_argument("--warmup", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
     p.add_argument("--no-train", action="store_true", help="skip end-to-end training epochs")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--summary", metavar="DIR", help="print the summary of a finished run")
+    p.add_argument("--plan", action="store_true",
+                   help="print the (section, graph, shape, dtype) matrix the config expands "
+                        "to and exit without running anything")
     return p.parse_args(argv)
 
 
@@ -84,6 +92,13 @@ def build_config(a: argparse.Namespace) -> Dict[str, Any]:
         cfg["layers"]["contenders"] = _csv(a.contenders)
     if a.dtypes:
         cfg["dtypes"] = _csv(a.dtypes)
+        for key in ("layers", "ops"):
+            cfg[key]["dtypes"] = None
+    if a.shapes:
+        from .config import parse_shape
+        shapes = [list(parse_shape(v, "--shapes")) for v in _csv(a.shapes)]
+        for key in ("layers", "ops"):
+            cfg[key].update(shapes=shapes, heads=None, channels=None)
     if a.warmup is not None:
         cfg["timing"]["warmup"] = a.warmup
     if a.repeats is not None:
@@ -100,7 +115,35 @@ def build_config(a: argparse.Namespace) -> Dict[str, Any]:
         cfg["ops"]["enabled"] = True
         cfg["layers"]["enabled"] = False
         cfg["train"]["enabled"] = False
+    from .config import expand
+    expand(cfg)  # every malformed shape / dtype / limit is an error now, naming its key
     return cfg
+
+
+def format_plan(cfg: Dict[str, Any]) -> str:
+    """What ``cfg`` runs: per (section, graph) the shapes x dtypes, the cases
+    and the contenders of each, and the totals (``--plan``)."""
+    from .config import expand, section_plan, shape_label
+    from .graphs import graph_name
+    lines = [f"plan of {cfg.get('_source')}:"]
+    entries = expand(cfg)
+    for key, section in (("layers", "layer"), ("ops", "op")):
+        names = cfg.get(key, {}).get("names") or []
+        for i, spec in enumerate(cfg.get("graphs", [])):
+            plan = section_plan(cfg, key, spec, i)
+            if not plan:
+                continue
+            lines.append(f"  {section:<5} {graph_name(spec)}: {', '.join(names)}")
+            for shape, dt, conts in plan:
+                lines.append(f"    {shape_label(shape):<6} {dt:<9} {', '.join(conts)}")
+    cases = {(e["section"], e["graph"], e["shape"], e["dtype"], e["case"]) for e in entries}
+    lines.append(f"total: {len(cases)} cases, {len(entries)} contender runs"
+                 + (f"; + {len(cfg['train'].get('runs') or [])} training runs x "
+                    f"{len(cfg['train'].get('backends') or [])} backends"
+                    if cfg.get("train", {}).get("enabled") else ""))
+    if cfg.get("time_budget_s"):
+        lines.append(f"time budget: {cfg['time_budget_s']} s (time_budget_s)")
+    return "\n".join(lines)
 
 
 def _progress(row: Dict[str, Any]) -> None:
@@ -108,7 +151,8 @@ def _progress(row: Dict[str, Any]) -> None:
         v = row.get(k)
         return "-" if v is None else f"{v:.3f}"
     extra = f" err={row['max_err']:.1e}" if row.get("max_err") is not None else ""
-    print(f"  {row['section']:<5} {row['graph']:<16} {row['case']:<12} {row['dtype']:<8} "
+    print(f"  {row['section']:<5} {row['graph']:<16} {row['case']:<12} "
+          f"{row.get('shape') or '-':<5} {row['dtype']:<8} "
           f"{row['contender']:<12} {row['status'][:70]:<12} fwd {ms('fwd_ms')} ms  "
           f"f+b {ms('fwdbwd_ms')} ms{extra}", flush=True)
 
@@ -142,8 +186,8 @@ def _run(cfg: Dict[str, Any], out_dir: str, device,
     from .runner import Settings, parse_dtype, timing
     from .train_bench import run_train
 
+    from .config import section_plan
     settings = Settings.from_config(cfg)
-    dtypes = [parse_dtype(d) for d in cfg.get("dtypes", ["float32"])]
     env = report.environment(device)
     gate = CompileGate(cfg.get("compile", {}))
     rows: List[Dict[str, Any]] = []
@@ -161,13 +205,12 @@ def _run(cfg: Dict[str, Any], out_dir: str, device,
 
     print(f"dfgnn bench: {cfg.get('_source')} on {env.get('gpu') or device} "
           f"(torch {env['torch']}, PyG {env['torch_geometric']}), out: {out_dir}", flush=True)
-    lc, oc = cfg.get("layers", {}), cfg.get("ops", {})
-    for spec in cfg.get("graphs", []):
+    for gi, spec in enumerate(cfg.get("graphs", [])):
         gname = graph_name(spec)
-        wants_layers = lc.get("enabled", True)
-        wants_ops = oc.get("enabled", False) and (oc.get("graphs") is None
-                                                  or gname in oc["graphs"])
-        if not (wants_layers or wants_ops):
+        # [(shape, dtype, contenders), ...] of each section on this graph
+        layer_plan = section_plan(cfg, "layers", spec, gi)
+        op_plan = section_plan(cfg, "ops", spec, gi)
+        if not (layer_plan or op_plan):
             continue
         try:
             g = load_graph(spec)
@@ -178,11 +221,12 @@ def _run(cfg: Dict[str, Any], out_dir: str, device,
         st = g.stats()
         print(f"graph {g.name}: {st['num_nodes']} nodes, {st['num_edges']} edges, max "
               f"in-degree {st['max_in_degree']} (built in {g.build_s:.1f}s)", flush=True)
-        for dt in dtypes:
-            if wants_layers:
-                rows += run_layers(g, cfg, settings, dt, device, gate, on_row=_progress)
-            if wants_ops:
-                rows += run_ops(g, cfg, settings, dt, device, on_row=_progress)
+        for shape, dt, conts in layer_plan:
+            rows += run_layers(g, cfg, settings, parse_dtype(dt), device, gate,
+                               on_row=_progress, shape=shape, contender_names=conts)
+        for shape, dt, conts in op_plan:
+            rows += run_ops(g, cfg, settings, parse_dtype(dt), device, on_row=_progress,
+                            shape=shape, contender_names=conts)
         del g
         timing.free_memory(device, collect=True)
         dump()
@@ -195,7 +239,8 @@ def _run(cfg: Dict[str, Any], out_dir: str, device,
 def _graph_row(spec: Dict[str, Any], status: str) -> Dict[str, Any]:
     from .graphs import graph_name
     return {"section": "layer", "graph": graph_name(spec), "graph_kind": spec.get("kind"),
-            "case": "-", "dtype": "-", "contender": "-", "baseline": "pyg", "status": status,
+            "case": "-", "shape": None, "dtype": "-", "contender": "-", "baseline": "pyg",
+            "status": status,
             "note": ""}
 
 
@@ -244,6 +289,9 @@ def _main(a: argparse.Namespace) -> int:
         print(note, flush=True)
     try:
         cfg = build_config(a)
+        if a.plan:
+            print(format_plan(cfg))
+            return 0
     except (FileNotFoundError, ValueError) as e:
         print(f"dfgnn bench: {e}", file=sys.stderr)
         return 2

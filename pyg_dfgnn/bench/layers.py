@@ -1,9 +1,12 @@
 """Layer-level benchmark: our fused conv layers vs PyG's own.
 
-Layers (``layers.names``): ``gat`` (GATConv), ``gatv2`` (GATv2Conv),
-``transformer`` (TransformerConv) -- ``heads`` x ``channels`` with
-concatenated heads on ``in_channels`` input features -- and ``agnn``
-(AGNNConv: single head on ``channels`` features).
+Layers (``layers.names``), at every shape ``heads`` x ``channels`` of
+``layers.shapes`` (see :mod:`pyg_dfgnn.bench.config`): ``gat`` (GATConv),
+``gatv2`` (GATv2Conv), ``transformer`` (TransformerConv) -- ``heads`` x
+``channels`` with concatenated heads on ``in_channels`` input features -- and
+``agnn`` (AGNNConv: single head on ``F = heads * channels`` features, the
+same width as the others' output; its rows say ``heads=1, channels=F`` and
+carry the configured ``shape``).
 
 Contenders (``layers.contenders``), all with the same weights (one seeded
 PyG module; the fused layer gets its ``state_dict``) and the same inputs:
@@ -21,7 +24,7 @@ PyG module; the fused layer gets its ``state_dict``) and the same inputs:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -59,20 +62,26 @@ def _adds_self_loops(name: str, kw: Dict[str, Any]) -> bool:
 def build_case(graph: BenchGraph, name: str, heads: int, channels: int, in_channels: int,
                dtype: torch.dtype, device: torch.device, seed: int = 0,
                kwargs: Optional[Dict[str, Any]] = None) -> Case:
-    """Seeded PyG layer + inputs + upstream gradient for one (graph, layer)."""
+    """Seeded PyG layer + inputs + upstream gradient for one (graph, layer) at
+    shape ``heads`` x ``channels`` (AGNN: one head of ``heads * channels``)."""
     import torch_geometric.nn as pygnn
     cls_name, multi = LAYERS[name]
     kw = layer_kwargs(name, heads, channels, in_channels, kwargs)
     torch.manual_seed(seed)
     native = getattr(pygnn, cls_name)(**kw).to(device=device, dtype=dtype)
     n = graph.num_nodes
+    shape = f"{heads}x{channels}"
     H = heads if multi else 1
+    if not multi:
+        channels = heads * channels
     fin = in_channels if multi else channels
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(n, fin, generator=gen).to(device=device, dtype=dtype)
+    # drawn on the case's device (fp32, then rounded: every dtype sees the same
+    # values); CPU-drawn inputs cost ~0.2-1.5 s per case at 100k-500k nodes
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    x = torch.randn(n, fin, generator=gen, device=device).to(dtype)
     concat = kw.get("concat", True)
     out_dim = (H * channels if concat else channels) if multi else channels
-    grad_out = torch.randn(n, out_dim, generator=gen).to(device=device, dtype=dtype)
+    grad_out = torch.randn(n, out_dim, generator=gen, device=device).to(dtype)
     ei = graph.edge_index.to(device)
     loops = int((graph.edge_index[0] == graph.edge_index[1]).sum())
     e_eff = graph.num_edges - loops + n if _adds_self_loops(name, kw) else graph.num_edges
@@ -88,7 +97,7 @@ def build_case(graph: BenchGraph, name: str, heads: int, channels: int, in_chann
     return Case(section="layer", graph=graph, name=name, heads=H, channels=channels,
                 dtype=dtype, device=torch.device(device), inputs=[x], grad_out=grad_out,
                 reference=reference, elements=e_eff * H * channels, baseline="pyg",
-                num_edges_eff=e_eff,
+                num_edges_eff=e_eff, shape=shape,
                 extra={"native": native, "edge_index": ei, "kwargs": kw,
                        "cls_name": cls_name,
                        "max_in_degree": stats["max_in_degree"]
@@ -165,7 +174,8 @@ def contender_factories(names: List[str], compile_cfg: Dict[str, Any]) -> Dict[s
     }
     bad = [n for n in names if n not in table]
     if bad:
-        raise ValueError(f"unknown layer contender(s) {bad}; choose from {list(table)}")
+        raise ValueError(f"layers.contenders: unknown layer contender(s) {bad}; choose from "
+                         f"{list(table)}")
     return {n: table[n] for n in names}
 
 
@@ -199,15 +209,25 @@ class CompileGate:
 def run_layers(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings,
                dtype: torch.dtype, device: torch.device, gate: CompileGate,
                on_row: Optional[Callable[[Dict[str, Any]], None]] = None,
-               contenders: Optional[Dict[str, Factory]] = None) -> List[Dict[str, Any]]:
+               contenders: Optional[Dict[str, Factory]] = None,
+               shape: Optional[Tuple[int, int]] = None,
+               contender_names: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Every layer of ``layers.names`` on ``graph`` at one ``shape`` (default:
+    the first of ``layers.shapes``) and ``dtype``; ``contender_names`` picks
+    the contenders (default: ``layers.contenders``)."""
+    from .config import section_shapes, shape_label
     lc = cfg["layers"]
-    facts = contenders or contender_factories(list(lc["contenders"]), cfg.get("compile", {}))
+    facts = contenders or contender_factories(
+        list(lc["contenders"] if contender_names is None else contender_names),
+        cfg.get("compile", {}))
     for name in lc["names"]:
         if name not in LAYERS:
-            raise ValueError(f"unknown layer {name!r}; choose from {sorted(LAYERS)}")
+            raise ValueError(f"layers.names: unknown layer {name!r}; choose from "
+                             f"{sorted(LAYERS)}")
+    heads, channels = shape if shape is not None else section_shapes(cfg, "layers")[0]
 
     def build(name: str):
-        return build_case(graph, name, int(lc["heads"]), int(lc["channels"]),
+        return build_case(graph, name, int(heads), int(channels),
                           int(lc["in_channels"]), dtype, device, int(cfg.get("seed", 0)),
                           (lc.get("kwargs") or {}).get(name))
 
@@ -222,7 +242,8 @@ def run_layers(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings,
             _dynamo.reset()
 
     return run_cases("layer", graph, lc["names"], build, "pyg", facts, dtype, device, settings,
-                     on_row=on_row, before=before, after=after)
+                     on_row=on_row, before=before, after=after,
+                     shape=shape_label((heads, channels)))
 
 
 __all__ = ["LAYERS", "CONTENDERS", "build_case", "run_layers", "contender_factories",

@@ -1,7 +1,8 @@
 """Kernel-level benchmark: the raw fused ops vs naive gather+softmax+scatter.
 
-Ops (``ops.names``), ``H = ops.heads``, ``F = ops.channels``, on the graph as
-generated (no self-loops added):
+Ops (``ops.names``), at every shape ``H`` x ``F`` of ``ops.shapes`` (heads x
+channels per head; :mod:`pyg_dfgnn.bench.config`), on the graph as generated
+(no self-loops added):
 
 * ``gat``   -- ``pyg_dfgnn.ops.gat_attention(graph, x [N,H,F], a_src [N,H], a_dst [N,H])``
 * ``gatv2`` -- ``gatv2_attention(graph, x_src [N,H,F], x_dst [N,H,F], att [H,F])``
@@ -16,7 +17,7 @@ the backward; the baseline).  Every input requires grad in forward+backward.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,10 +40,10 @@ def build_op_case(graph: BenchGraph, name: str, heads: int, channels: int,
     from ..ops.reference import naive_attention
     kind = _kind(name)
     n, H, Fd = graph.num_nodes, heads, channels
-    gen = torch.Generator().manual_seed(seed + 7)
+    gen = torch.Generator(device=device).manual_seed(seed + 7)  # see layers.build_case
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
 
     if name == "gat":
         inputs = [rnd(n, H, Fd), rnd(n, H), rnd(n, H)]          # x, a_src, a_dst
@@ -69,7 +70,7 @@ def build_op_case(graph: BenchGraph, name: str, heads: int, channels: int,
     return Case(section="op", graph=graph, name=name, heads=H, channels=Fd, dtype=dtype,
                 device=torch.device(device), inputs=inputs, grad_out=grad_out,
                 reference=reference, elements=graph.num_edges * H * Fd, baseline="naive",
-                num_edges_eff=graph.num_edges,
+                num_edges_eff=graph.num_edges, shape=f"{H}x{Fd}",
                 extra={"edge_index": ei, "scale": scale, "naive_fn": naive_fn,
                        "max_in_degree": graph.stats()["max_in_degree"]})
 
@@ -103,21 +104,33 @@ def op_factories(names: List[str]) -> Dict[str, Factory]:
     table: Dict[str, Factory] = {"fused": fused_op_factory, "naive": naive_op_factory}
     bad = [n for n in names if n not in table]
     if bad:
-        raise ValueError(f"unknown op contender(s) {bad}; choose from {list(table)}")
+        raise ValueError(f"ops.contenders: unknown op contender(s) {bad}; choose from "
+                         f"{list(table)}")
     return {n: table[n] for n in names}
 
 
 def run_ops(graph: BenchGraph, cfg: Dict[str, Any], settings: Settings, dtype: torch.dtype,
             device: torch.device, on_row: Optional[Callable[[Dict[str, Any]], None]] = None,
-            contenders: Optional[Dict[str, Factory]] = None) -> List[Dict[str, Any]]:
+            contenders: Optional[Dict[str, Factory]] = None,
+            shape: Optional[Tuple[int, int]] = None,
+            contender_names: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Every op of ``ops.names`` on ``graph`` at one ``shape`` (default: the
+    first of ``ops.shapes``) and ``dtype``; ``contender_names`` picks the contenders."""
+    from .config import section_shapes
     oc = cfg["ops"]
-    facts = contenders or op_factories(list(oc.get("contenders", ["fused", "naive"])))
+    facts = contenders or op_factories(
+        list(oc.get("contenders", ["fused", "naive"]) if contender_names is None
+             else contender_names))
     for name in oc["names"]:
-        _kind(name)  # unknown op names are a config error
+        try:
+            _kind(name)  # unknown op names are a config error
+        except ValueError as e:
+            raise ValueError(f"ops.names: {e}") from None
+    heads, channels = shape if shape is not None else section_shapes(cfg, "ops")[0]
 
     def build(name: str):
-        return build_op_case(graph, name, int(oc["heads"]), int(oc["channels"]), dtype,
+        return build_op_case(graph, name, int(heads), int(channels), dtype,
                              device, int(cfg.get("seed", 0)))
 
     return run_cases("op", graph, oc["names"], build, "naive", facts, dtype, device, settings,
-                     on_row=on_row)
+                     on_row=on_row, shape=f"{heads}x{channels}")

@@ -2,12 +2,16 @@
 
 Files written under the output directory:
 
-* ``results.csv``   -- one row per (section, graph, case, dtype, contender),
-  columns :data:`CSV_COLUMNS`;
+* ``results.csv``   -- one row per (section, graph, case, shape, dtype,
+  contender), columns :data:`CSV_COLUMNS`;
 * ``results.json``  -- ``{"environment": ..., "config": ..., "results": [...],
-  "elapsed_s": ...}``;
+  "summary": {"by_shape_dtype": [...], "dtype_ratios": [...]}, "elapsed_s": ...}``;
 * ``table.txt``     -- the console table;
-* ``summary.txt``   -- the compact summary (one line per graph and case);
+* ``summary.txt``   -- the compact summary: one line per (graph, case, shape,
+  dtype), then per (section, shape, dtype) the median fused speedups
+  (:func:`shape_dtype_summary`) and per (case, shape) the bf16 / fp32 ratio
+  of the fused forward+backward time (:func:`dtype_ratios`);
+* ``summary.md``    -- the same tables in Markdown;
 * ``speedup_<section>.png`` / ``memory_<section>.png`` -- speedup vs the
   section's baseline (native PyG for layers, naive for ops) and peak memory
   (needs matplotlib: ``pip install "pyg_dfgnn[bench]"``; memory plots only
@@ -30,8 +34,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 CSV_COLUMNS = [
     "section", "graph", "graph_kind", "num_nodes", "num_edges", "num_edges_eff",
-    "max_in_degree", "case", "heads", "channels", "dtype", "device", "contender", "baseline",
-    "status", "check", "max_err",
+    "max_in_degree", "case", "shape", "heads", "channels", "dtype", "device", "contender",
+    "baseline",
+    "status", "check", "max_err", "max_err_at",
     "fwd_ms", "fwd_ms_q25", "fwd_ms_q75", "fwd_ms_min", "fwd_ms_max", "fwd_ms_mean",
     "fwd_ms_n",
     "fwdbwd_ms", "fwdbwd_ms_q25", "fwdbwd_ms_q75", "fwdbwd_ms_min", "fwdbwd_ms_max",
@@ -145,16 +150,21 @@ def _ok(r: Dict[str, Any]) -> bool:
     return r.get("status") == "ok"
 
 
+def _case_key(r: Dict[str, Any]) -> tuple:
+    """One case: (section, graph, case, shape, dtype); its contenders share it."""
+    return (r.get("section"), r.get("graph"), r.get("case"), r.get("shape"), r.get("dtype"))
+
+
 def add_speedups(rows: List[Dict[str, Any]]) -> None:
     """``speedup_* = baseline time / contender time`` and ``mem_ratio =
-    contender peak / baseline peak`` within (section, graph, case, dtype);
-    empty when either side did not run."""
+    contender peak / baseline peak`` within (section, graph, case, shape,
+    dtype); empty when either side did not run."""
     base: Dict[tuple, Dict[str, Any]] = {}
     for r in rows:
         if r.get("contender") == r.get("baseline") and _ok(r):
-            base[(r["section"], r["graph"], r["case"], r["dtype"])] = r
+            base[_case_key(r)] = r
     for r in rows:
-        b = base.get((r["section"], r["graph"], r["case"], r["dtype"]))
+        b = base.get(_case_key(r))
         for k, col in (("fwd_ms", "speedup_fwd"), ("fwdbwd_ms", "speedup_fwdbwd")):
             r[col] = (b[k] / r[k]) if (b is not None and _ok(r) and r.get(k) and b.get(k))\
                 else None
@@ -188,14 +198,27 @@ def _iqr(r: Dict[str, Any], k: str) -> str:
     return f"{100.0 * (b - a) / m:.0f}%"
 
 
-def _render(header: List[str], body: List[List[str]]) -> str:
+def _render(header: List[str], body: List[List[str]], nleft: int = 4,
+            last_left: bool = True) -> str:
+    """Aligned text table: the first ``nleft`` columns (and the last one when
+    ``last_left``) left-aligned, the numbers right-aligned."""
     w = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
          for i, h in enumerate(header)]
-    out = ["  ".join(h.ljust(w[i]) for i, h in enumerate(header)),
+    out = ["  ".join(h.ljust(w[i]) for i, h in enumerate(header)).rstrip(),
            "  ".join("-" * w[i] for i in range(len(header)))]
     for row in body:
-        out.append("  ".join(c.ljust(w[i]) if i < 4 else c.rjust(w[i])
-                             if i < len(row) - 1 else c for i, c in enumerate(row)))
+        out.append("  ".join(c.ljust(w[i]) if i < nleft else c
+                             if (last_left and i == len(row) - 1) else c.rjust(w[i])
+                             for i, c in enumerate(row)).rstrip())
+    return "\n".join(out)
+
+
+def _markdown(header: List[str], body: List[List[str]]) -> str:
+    def cell(c: str) -> str:
+        return c.replace("|", "\\|")
+    out = ["| " + " | ".join(cell(h) for h in header) + " |",
+           "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
     return "\n".join(out)
 
 
@@ -204,17 +227,19 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
     blocks = []
     for section in _sections(rows):
         rs = [r for r in rows if r["section"] == section]
-        header = ["graph", "case", "dtype", "contender", "fwd ms", "iqr", "f+b ms", "iqr",
-                  "x fwd", "x f+b", "peak MB", "err", "status"]
+        header = ["graph", "case", "shape", "dtype", "contender", "fwd ms", "iqr", "f+b ms",
+                  "iqr", "x fwd", "x f+b", "peak MB", "err", "status"]
         body = []
         for r in rs:
-            body.append([r["graph"], r["case"], r["dtype"], r["contender"], _ms(r.get("fwd_ms")),
+            body.append([r["graph"], r["case"], r.get("shape") or "-", r["dtype"],
+                         r["contender"], _ms(r.get("fwd_ms")),
                          _iqr(r, "fwd_ms"), _ms(r.get("fwdbwd_ms")), _iqr(r, "fwdbwd_ms"),
                          _f(r.get("speedup_fwd"), "{:.2f}"),
                          _f(r.get("speedup_fwdbwd"), "{:.2f}"),
                          _f(r.get("fwdbwd_peak_mb"), "{:.0f}"),
                          _f(r.get("max_err"), "{:.1e}"), _status(r)])
-        blocks.append(f"== {SECTION_TITLES.get(section, section)} ==\n" + _render(header, body))
+        blocks.append(f"== {SECTION_TITLES.get(section, section)} ==\n"
+                      + _render(header, body, nleft=5))
     return "\n\n".join(blocks)
 
 
@@ -231,24 +256,110 @@ def _sections(rows: Iterable[Dict[str, Any]]) -> List[str]:
     return seen
 
 
-def format_summary(rows: List[Dict[str, Any]], env: Optional[Dict[str, Any]] = None) -> str:
-    """Compact table: per (section, graph, case) the fused contender against
-    the baseline, plus the best other contender."""
-    lines = []
-    if env:
-        lines.append(f"device: {env.get('gpu') or env.get('device')}  torch {env.get('torch')}"
-                     f"  cuda {env.get('cuda_runtime')}  PyG {env.get('torch_geometric')}"
-                     f"  driver {env.get('driver')}")
-    header = ["section", "graph", "case", "base f+b ms", "fused f+b ms", "x fwd", "x f+b",
-              "base MB", "fused MB", "others"]
-    body = []
-    keys: List[tuple] = []
+#: issue 11's target for the fused forward+backward time, bf16 / fp32
+DTYPE_RATIO_TARGET = 0.7
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def _median(v: List[float]) -> Optional[float]:
+    v = sorted(x for x in v if x is not None)
+    if not v:
+        return None
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m])
+
+
+def _ordered_keys(rows: Iterable[Dict[str, Any]], fn) -> List[tuple]:
+    out: List[tuple] = []
+    seen = set()
     for r in rows:
-        k = (r["section"], r["graph"], r["case"], r["dtype"])
-        if k not in keys:
-            keys.append(k)
-    for k in keys:
-        rs = [r for r in rows if (r["section"], r["graph"], r["case"], r["dtype"]) == k]
+        k = fn(r)
+        if k not in seen:
+            seen.add(k)
+            out.append(k)
+    return out
+
+
+def shape_dtype_summary(rows: List[Dict[str, Any]],
+                        contender: str = "fused") -> List[Dict[str, Any]]:
+    """Per (section, shape, dtype): the median over its (graph, case) pairs of
+    ``contender``'s speedups vs the baseline, forward and forward+backward,
+    the smallest forward+backward speedup and where, and how many of its
+    cases ran (``ok``) / did not (``failed``: mismatch, OOM, error; a
+    regression hides there too).  Call :func:`add_speedups` first."""
+    out = []
+    mine = [r for r in rows if r.get("contender") == contender
+            and r.get("case") not in (None, "-")]
+    for sec, shape, dt in _ordered_keys(mine, lambda r: (r["section"], r.get("shape"),
+                                                         r.get("dtype"))):
+        rs = [r for r in mine if (r["section"], r.get("shape"), r.get("dtype"))
+              == (sec, shape, dt)]
+        ok = [r for r in rs if _ok(r) and r.get("speedup_fwdbwd") is not None]
+        worst = min(ok, key=lambda r: r["speedup_fwdbwd"]) if ok else None
+        failed = [r for r in rs if not _ok(r) and not str(r.get("status", "")).startswith(
+            ("skipped", "n/a"))]
+        out.append({
+            "section": sec, "shape": shape, "dtype": dt, "cases": len(rs), "ok": len(ok),
+            "failed": len(failed),
+            "median_speedup_fwd": _median([r.get("speedup_fwd") for r in ok]),
+            "median_speedup_fwdbwd": _median([r["speedup_fwdbwd"] for r in ok]),
+            "min_speedup_fwdbwd": worst["speedup_fwdbwd"] if worst else None,
+            "min_at": f"{worst['graph']} {worst['case']}" if worst else None,
+        })
+    return out
+
+
+def dtype_ratios(rows: List[Dict[str, Any]], contender: str = "fused",
+                 ref_dtype: str = "float32",
+                 target: float = DTYPE_RATIO_TARGET) -> List[Dict[str, Any]]:
+    """Per (section, case, shape) and low-precision dtype: ``contender``'s
+    forward+backward median time in that dtype / in ``ref_dtype`` on each
+    graph where both ran, their median and largest value, and whether every
+    graph meets ``target`` (issue 11: bf16 <= 0.7 x fp32)."""
+    t: Dict[tuple, float] = {}
+    for r in rows:
+        if r.get("contender") == contender and _ok(r) and r.get("fwdbwd_ms"):
+            t[(r["section"], r["case"], r.get("shape"), r["dtype"], r["graph"])] = \
+                r["fwdbwd_ms"]
+    graphs = _ordered_keys(rows, lambda r: r.get("graph"))
+    out = []
+    keys = _ordered_keys([r for r in rows if r.get("contender") == contender
+                          and r.get("dtype") in LOW_PRECISION],
+                         lambda r: (r["section"], r["case"], r.get("shape"), r["dtype"]))
+    for sec, case, shape, dt in keys:
+        per = {}
+        for g in graphs:
+            lo, hi = t.get((sec, case, shape, dt, g)), t.get((sec, case, shape, ref_dtype, g))
+            if lo is not None and hi:
+                per[g] = lo / hi
+        vals = list(per.values())
+        out.append({"section": sec, "case": case, "shape": shape, "dtype": dt,
+                    "ref_dtype": ref_dtype, "per_graph": per, "median": _median(vals),
+                    "max": max(vals) if vals else None, "target": target,
+                    "met": (max(vals) <= target) if vals else None})
+    return out
+
+
+def summary_data(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The aggregates of the summary, for ``results.json``."""
+    return {"by_shape_dtype": shape_dtype_summary(rows), "dtype_ratios": dtype_ratios(rows),
+            "dtype_ratio_target": DTYPE_RATIO_TARGET}
+
+
+def _short_dtype(dt: Any) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
+            "float64": "fp64"}.get(dt, str(dt))
+
+
+def summary_blocks(rows: List[Dict[str, Any]]) -> List[tuple]:
+    """``[(title, header, body, nleft), ...]``: the compact per-case table,
+    the per (section, shape, dtype) medians and the bf16 / fp32 ratios."""
+    blocks = []
+    header = ["section", "graph", "case", "shape", "dtype", "base f+b ms", "fused f+b ms",
+              "x fwd", "x f+b", "base MB", "fused MB", "others"]
+    body = []
+    for k in _ordered_keys(rows, _case_key):
+        rs = [r for r in rows if _case_key(r) == k]
         base = next((r for r in rs if r["contender"] == r["baseline"]), None)
         fused = next((r for r in rs if r["contender"] == "fused"), None)
         others = []
@@ -259,15 +370,69 @@ def format_summary(rows: List[Dict[str, Any]], env: Optional[Dict[str, Any]] = N
                 others.append(f"{r['contender']} x{_f(r.get('speedup_fwdbwd'), '{:.2f}')}")
             else:
                 others.append(f"{r['contender']}: {_short_status(r)}")
-        case = k[2] if k[3] == "float32" else f"{k[2]} {k[3]}"
-        body.append([k[0], k[1], case,
+        body.append([str(k[0]), str(k[1]), str(k[2]), str(k[3] or "-"), str(k[4]),
                      _cell(base, "fwdbwd_ms"), _cell(fused, "fwdbwd_ms"),
                      _f((fused or {}).get("speedup_fwd"), "{:.2f}"),
                      _f((fused or {}).get("speedup_fwdbwd"), "{:.2f}"),
                      _f((base or {}).get("fwdbwd_peak_mb"), "{:.0f}"),
                      _f((fused or {}).get("fwdbwd_peak_mb"), "{:.0f}"),
                      ", ".join(others)])
-    lines.append(_render(header, body))
+    blocks.append((None, header, body, 5))
+    agg = shape_dtype_summary(rows)
+    if agg:
+        body = [[a["section"], a["shape"] or "-", a["dtype"], f"{a['ok']}/{a['cases']}",
+                 _f(a["median_speedup_fwd"], "{:.2f}"), _f(a["median_speedup_fwdbwd"], "{:.2f}"),
+                 _f(a["min_speedup_fwdbwd"], "{:.2f}"), a["min_at"] or "-",
+                 str(a["failed"]) if a["failed"] else ""]
+                for a in agg]
+        blocks.append(("fused vs baseline per shape and dtype: medians over the graphs x "
+                       "cases that ran",
+                       ["section", "shape", "dtype", "ran", "median x fwd", "median x f+b",
+                        "min x f+b", "min at", "failed"], body, 3))
+    ratios = dtype_ratios(rows)
+    if ratios:
+        graphs = [g for g in _ordered_keys(rows, lambda r: r.get("graph"))
+                  if any(g in x["per_graph"] for x in ratios)]
+        body = []
+        for x in ratios:
+            body.append([x["section"], x["case"], x["shape"] or "-",
+                         f"{_short_dtype(x['dtype'])}/{_short_dtype(x['ref_dtype'])}"]
+                        + [_f(x["per_graph"].get(g), "{:.2f}") for g in graphs]
+                        + [_f(x["median"], "{:.2f}"), _f(x["max"], "{:.2f}"),
+                           "-" if x["met"] is None else ("yes" if x["met"] else "no")])
+        blocks.append((f"fused forward+backward time, low precision / fp32 (issue 11 "
+                       f"target: <= {DTYPE_RATIO_TARGET:g} on every graph)",
+                       ["section", "case", "shape", "ratio"] + graphs
+                       + ["median", "max", f"<= {DTYPE_RATIO_TARGET:g}"], body, 4))
+    return blocks
+
+
+def _env_line(env: Dict[str, Any]) -> str:
+    return (f"device: {env.get('gpu') or env.get('device')}  torch {env.get('torch')}"
+            f"  cuda {env.get('cuda_runtime')}  PyG {env.get('torch_geometric')}"
+            f"  driver {env.get('driver')}")
+
+
+def format_summary(rows: List[Dict[str, Any]], env: Optional[Dict[str, Any]] = None,
+                   markdown: bool = False) -> str:
+    """Compact tables: per (section, graph, case, shape, dtype) the fused
+    contender against the baseline, plus the others; per (section, shape,
+    dtype) the median speedups; per (case, shape) the bf16 / fp32 time ratio.
+    ``markdown``: Markdown tables (``summary.md``)."""
+    add_speedups(rows)
+    lines = []
+    if env:
+        lines.append(_env_line(env) if not markdown else f"*{_env_line(env)}*")
+    for title, header, body, nleft in summary_blocks(rows):
+        if title:
+            lines.append("")
+            lines.append(f"### {title}" if markdown else f"== {title} ==")
+        if markdown:
+            lines.append("")
+            lines.append(_markdown(header, body))
+        else:
+            lines.append(_render(header, body, nleft=nleft,
+                                 last_left=header[-1] in ("others", "failed")))
     return "\n".join(lines)
 
 
@@ -319,7 +484,7 @@ def write_json(rows: List[Dict[str, Any]], env: Dict[str, Any], cfg: Dict[str, A
                path: str, elapsed_s: Optional[float] = None) -> None:
     with open(path, "w") as f:
         json.dump(_jsonable({"environment": env, "config": cfg, "elapsed_s": elapsed_s,
-                             "results": rows}), f, indent=1)
+                             "summary": summary_data(rows), "results": rows}), f, indent=1)
 
 
 def write_all(rows: List[Dict[str, Any]], env: Dict[str, Any], cfg: Dict[str, Any],
@@ -335,13 +500,16 @@ def write_all(rows: List[Dict[str, Any]], env: Dict[str, Any], cfg: Dict[str, An
     paths = {"csv": os.path.join(out_dir, "results.csv"),
              "json": os.path.join(out_dir, "results.json"),
              "table": os.path.join(out_dir, "table.txt"),
-             "summary": os.path.join(out_dir, "summary.txt")}
+             "summary": os.path.join(out_dir, "summary.txt"),
+             "summary_md": os.path.join(out_dir, "summary.md")}
     write_csv(rows, paths["csv"])
     write_json(rows, env, cfg, paths["json"], elapsed_s)
     with open(paths["table"], "w") as f:
         f.write(format_table(rows) + "\n")
     with open(paths["summary"], "w") as f:
         f.write(format_summary(rows, env) + "\n")
+    with open(paths["summary_md"], "w") as f:
+        f.write(format_summary(rows, env, markdown=True) + "\n")
     if errors:
         paths["errors"] = os.path.join(out_dir, "errors.log")
         with open(paths["errors"], "w") as f:
@@ -420,49 +588,69 @@ def _title(env: Dict[str, Any], what: str) -> str:
     return f"{what}\n{dev}, torch {env.get('torch')}, PyG {env.get('torch_geometric')}"
 
 
-def _find(rs, graph, case, dtype, contender):
+def _find(rs, graph, panel, contender):
+    case, shape, dtype = panel
     return next((r for r in rs if r["graph"] == graph and r["case"] == case
-                 and r["dtype"] == dtype and r["contender"] == contender), None)
+                 and r.get("shape") == shape and r["dtype"] == dtype
+                 and r["contender"] == contender), None)
 
 
-def _panels(rs: List[Dict[str, Any]]) -> List[tuple]:
-    """One panel per (case, dtype); x axis = graphs."""
-    out: List[tuple] = []
-    for r in rs:
-        if r.get("case") in (None, "-"):
-            continue
-        k = (r["case"], r["dtype"])
-        if k not in out:
-            out.append(k)
-    return out
+def _grid(rs: List[Dict[str, Any]]) -> tuple:
+    """Panel grid of a section: one column per case (layer / op / run), one
+    row per variant (shape, dtype) in run order; x axis of a panel = the
+    graphs of its variant."""
+    rs = [r for r in rs if r.get("case") not in (None, "-")]
+    cases = _ordered(rs, "case")
+    variants = _ordered_keys(rs, lambda r: (r.get("shape"), r.get("dtype")))
+    graphs = {v: [g for g in _ordered(rs, "graph")
+                  if any(r["graph"] == g and (r.get("shape"), r.get("dtype")) == v
+                         for r in rs)] for v in variants}
+    return cases, variants, graphs
 
 
-def _fig(plt, nrows: int, panels: List[tuple], ngraphs: int, nconts: int, height: float):
+def _fig(plt, nrows: int, ncols: int, ngraphs: int, nconts: int, height: float):
     w = max(3.2, 0.45 * ngraphs * max(nconts, 1) + 1.2)
-    ncols = max(len(panels), 1)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(min(w * ncols, 32.0), height * nrows),
+    ncols = max(ncols, 1)
+    if nrows > 4:  # the shape x dtype matrix: many rows, smaller panels
+        height = max(2.6, height * 0.75)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(w * ncols, 32.0),
+                                                    min(height * nrows, 40.0)),
                              squeeze=False)
     return fig, axes
 
 
-def _bars(ax, rs, panel, graphs, conts, value, fmt, base_name=None, mark_missing=True):
+def _panel_title(panel: tuple) -> str:
+    case, shape, dtype = panel
+    parts = [str(case)] + ([shape] if shape else []) + ([_short_dtype(dtype)]
+                                                        if dtype else [])
+    return " ".join(parts)
+
+
+def _variant_contenders(rs, conts, variant) -> List[str]:
+    """The contenders of ``conts`` with a row in ``variant`` (shape, dtype)."""
+    return [c for c in conts if any(r["contender"] == c and (r.get("shape"), r.get("dtype"))
+                                    == variant for r in rs)]
+
+
+def _bars(ax, rs, panel, graphs, conts, value, fmt, base_name=None, mark_missing=True,
+          colors=None):
     width = 0.8 / max(len(conts), 1)
-    case, dtype = panel
     for j, c in enumerate(conts):
+        color = f"C{(colors or {}).get(c, j)}"
         for i, g in enumerate(graphs):
-            r = _find(rs, g, case, dtype, c)
+            r = _find(rs, g, panel, c)
             if r is None:
                 continue
             x = i + (j - (len(conts) - 1) / 2) * width
             v = value(r)
-            ax.bar(x, v or 0, width, color=f"C{j}", label=c)
+            ax.bar(x, v or 0, width, color=color, label=c)
             if v:
                 ax.text(x, v, fmt.format(v), ha="center", va="bottom", fontsize=6)
             else:
                 if not _ok(r):
                     txt = _short_status(r)
                 elif base_name is not None:
-                    b = _find(rs, g, case, dtype, base_name)
+                    b = _find(rs, g, panel, base_name)
                     txt = "base " + (_short_status(b) if b is not None else "missing")
                 elif mark_missing:
                     txt = "n/m"
@@ -472,7 +660,7 @@ def _bars(ax, rs, panel, graphs, conts, value, fmt, base_name=None, mark_missing
                         transform=ax.get_xaxis_transform())
     ax.set_xticks(range(len(graphs)))
     ax.set_xticklabels(graphs, fontsize=7, rotation=20)
-    ax.set_title(case if dtype == "float32" else f"{case} ({dtype})", fontsize=9)
+    ax.set_title(_panel_title(panel), fontsize=9)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     if uniq:
@@ -481,54 +669,73 @@ def _bars(ax, rs, panel, graphs, conts, value, fmt, base_name=None, mark_missing
 
 def _plot_speedup(rs: List[Dict[str, Any]], env: Dict[str, Any], path: str,
                   section: str) -> None:
+    """Rows: forward for every (shape, dtype), then forward+backward for every
+    (shape, dtype); columns: cases."""
     import matplotlib.pyplot as plt
-    panels = _panels(rs)
-    graphs = [g for g in _ordered(rs, "graph")
-              if any(r["graph"] == g and r.get("case") not in (None, "-") for r in rs)]
+    cases, variants, graphs = _grid(rs)
+    variants = variants or [(None, None)]
+    cases = cases or ["-"]
     conts = _contenders(rs, with_base=False)
+    colors = {c: j for j, c in enumerate(conts)}
     base = rs[0]["baseline"] if rs else "baseline"
-    fig, axes = _fig(plt, 2, panels, len(graphs), len(conts), 3.6)
-    for row_i, (col, what) in enumerate((("speedup_fwd", "forward"),
-                                         ("speedup_fwdbwd", "forward+backward"))):
-        for p_i, panel in enumerate(panels or [("-", "-")]):
-            ax = axes[row_i, p_i]
-            _bars(ax, rs, panel, graphs, conts, lambda r: r.get(col), "{:.2f}", base)
-            ax.axhline(1.0, color="k", lw=0.8, ls="--")
-            if p_i == 0:
-                ax.set_ylabel(f"{what}\nspeedup vs {base} (x)", fontsize=8)
+    ng = max((len(g) for g in graphs.values()), default=1)
+    fig, axes = _fig(plt, 2 * len(variants), len(cases), ng, len(conts), 3.6)
+    for m_i, (col, what) in enumerate((("speedup_fwd", "forward"),
+                                       ("speedup_fwdbwd", "forward+backward"))):
+        for v_i, (shape, dtype) in enumerate(variants):
+            row_i = m_i * len(variants) + v_i
+            for c_i, case in enumerate(cases):
+                ax = axes[row_i, c_i]
+                _bars(ax, rs, (case, shape, dtype), graphs.get((shape, dtype), []),
+                      _variant_contenders(rs, conts, (shape, dtype)),
+                      lambda r: r.get(col), "{:.2f}", base, colors=colors)
+                ax.axhline(1.0, color="k", lw=0.8, ls="--")
+                if c_i == 0:
+                    label = f"{what}" + (f" {shape}" if shape else "") + (
+                        f" {_short_dtype(dtype)}" if dtype else "")
+                    ax.set_ylabel(f"{label}\nspeedup vs {base} (x)", fontsize=8)
     fig.suptitle(_title(env, f"{SECTION_TITLES.get(section, section)}: speedup = median "
                              "time of baseline / contender (higher is better)"), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110 if len(variants) <= 2 else 80)
     plt.close(fig)
 
 
 def _plot_memory(rs: List[Dict[str, Any]], env: Dict[str, Any], path: str,
                  section: str) -> None:
     import matplotlib.pyplot as plt
-    panels = _panels(rs)
-    graphs = [g for g in _ordered(rs, "graph")
-              if any(r["graph"] == g and r.get("case") not in (None, "-") for r in rs)]
+    cases, variants, graphs = _grid(rs)
+    variants = variants or [(None, None)]
+    cases = cases or ["-"]
     conts = _contenders(rs, with_base=True)
+    colors = {c: j for j, c in enumerate(conts)}
     measured = any(r.get("fwdbwd_peak_mb") is not None for r in rs)
-    fig, axes = _fig(plt, 1, panels, len(graphs), len(conts), 4.0)
-    for p_i, panel in enumerate(panels or [("-", "-")]):
-        ax = axes[0, p_i]
-        _bars(ax, rs, panel, graphs, conts, lambda r: r.get("fwdbwd_peak_mb"), "{:.0f}",
-              mark_missing=measured)
-        if measured:
-            ax.set_yscale("log")
-        else:
-            ax.set_ylim(0, 1)
-            ax.text(0.5, 0.5, "peak memory is measured\non CUDA devices only",
-                    ha="center", va="center", transform=ax.transAxes, fontsize=8)
-        if p_i == 0:
-            ax.set_ylabel("peak memory per epoch (MiB)" if section == "train" else
-                          "peak extra memory,\nforward+backward (MiB)", fontsize=8)
+    ng = max((len(g) for g in graphs.values()), default=1)
+    fig, axes = _fig(plt, len(variants), len(cases), ng, len(conts), 4.0)
+    for v_i, (shape, dtype) in enumerate(variants):
+        for c_i, case in enumerate(cases):
+            ax = axes[v_i, c_i]
+            _bars(ax, rs, (case, shape, dtype), graphs.get((shape, dtype), []),
+                  _variant_contenders(rs, conts, (shape, dtype)),
+                  lambda r: r.get("fwdbwd_peak_mb"), "{:.0f}", mark_missing=measured,
+                  colors=colors)
+            if measured:
+                ax.set_yscale("log")
+            else:
+                ax.set_ylim(0, 1)
+                ax.text(0.5, 0.5, "peak memory is measured\non CUDA devices only",
+                        ha="center", va="center", transform=ax.transAxes, fontsize=8)
+            if c_i == 0:
+                what = ("peak memory per epoch (MiB)" if section == "train" else
+                        "peak extra memory,\nforward+backward (MiB)")
+                if shape or dtype:
+                    what = " ".join(x for x in (shape, _short_dtype(dtype) if dtype else None)
+                                    if x) + "\n" + what
+                ax.set_ylabel(what, fontsize=8)
     fig.suptitle(_title(env, f"{SECTION_TITLES.get(section, section)}: peak memory "
                              "(lower is better)"), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110 if len(variants) <= 2 else 80)
     plt.close(fig)
 
 

@@ -1,6 +1,6 @@
 """Generic benchmark case runner: reference, correctness gate, timing, memory.
 
-A :class:`Case` is one (graph, layer-or-op, dtype) problem with fixed inputs
+A :class:`Case` is one (graph, layer-or-op, shape, dtype) problem with fixed inputs
 and a fixed upstream gradient; every contender of the case gets exactly these
 tensors.  For each contender, :func:`run_contender`
 
@@ -72,6 +72,9 @@ class Case:
     baseline: str                # contender name the speedups are relative to
     num_edges_eff: int = 0       # edges the layer actually attends over (with self-loops)
     extra: Dict[str, Any] = field(default_factory=dict)
+    #: the configured shape, ``"HxC"`` (``heads`` / ``channels`` are the
+    #: layer's own: AGNN at shape 4x64 is 1 head of 256 channels)
+    shape: str = ""
 
 
 @dataclass
@@ -174,13 +177,27 @@ def _reference_once(case: Case, label: str, dev: torch.device, dt: torch.dtype,
         _drop_grads(prep.params.values())
 
 
+#: working dtypes whose fallback reference is the baseline in float32 (their
+#: own baseline -- e.g. PyG's bf16 scatter-add over a 60k in-degree node --
+#: is too coarse to judge an fp32-accumulating kernel against)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
 def compute_reference(case: Case, settings: Settings) -> Reference:
-    """float64 baseline when cheap, else the baseline in the working dtype,
-    else (GPU OOM) the baseline's forward on the CPU; ``kind='none'`` when
-    nothing fits (contenders are then timed unchecked)."""
+    """float64 baseline when cheap, else (fp16 / bf16) the baseline in
+    float32, else the baseline in the working dtype, else (GPU OOM) the
+    baseline's forward on the CPU; ``kind='none'`` when nothing fits
+    (contenders are then timed unchecked).
+
+    The reference sees the working-dtype inputs and weights upcast exactly,
+    so it computes the same function as the contenders, without their
+    round-off."""
     attempts: List[Tuple[str, torch.device, torch.dtype, bool]] = []
     if case.dtype != torch.float64 and case.elements <= settings.fp64_max_elements:
         attempts.append(("fp64", case.device, torch.float64, settings.check_grads))
+    if case.dtype in LOW_PRECISION:
+        attempts.append((f"{case.baseline}-fp32", case.device, torch.float32,
+                         settings.check_grads))
     attempts.append((case.baseline, case.device, case.dtype, settings.check_grads))
     if settings.cpu_fallback and timing.is_cuda(case.device):
         cdt = case.dtype if case.dtype in (torch.float32, torch.float64) else torch.float32
@@ -267,8 +284,9 @@ def base_row(case: Case, contender: str) -> Dict[str, Any]:
             "num_nodes": g.num_nodes, "num_edges": g.num_edges,
             "num_edges_eff": case.num_edges_eff or g.num_edges,
             "max_in_degree": case.extra.get("max_in_degree"),
-            "case": case.name, "heads": case.heads, "channels": case.channels,
-            "dtype": dtype_name(case.dtype), "device": str(case.device),
+            "case": case.name, "shape": case.shape or f"{case.heads}x{case.channels}",
+            "heads": case.heads, "channels": case.channels, "dtype": dtype_name(case.dtype),
+            "device": str(case.device),
             "contender": contender, "baseline": case.baseline, "status": "",
             "check": "", "max_err": None, "note": ""}
 
@@ -325,6 +343,7 @@ def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
                           if p.grad is not None})
             err, where = compare(out, grads, ref, settings.floor)
             row["max_err"] = err
+            row["max_err_at"] = where  # out, input<i> or param:<name>
             tol = settings.tol(case.dtype)
             if name == case.baseline and err == err and err != float("inf"):
                 tol = max(tol, err)
@@ -367,7 +386,8 @@ def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
         else:
             row["status"] = f"error: {_short(e)}"
             row["note"] = _join(row["note"], f"during {stage}")
-            settings.errors.append(f"[{case.section} {case.graph.name} {case.name} {name}] "
+            settings.errors.append(f"[{case.section} {case.graph.name} {case.name} "
+                                   f"{case.shape} {dtype_name(case.dtype)} {name}] "
                                    f"during {stage}\n{traceback.format_exc()}")
     finally:
         zero()
@@ -424,11 +444,11 @@ def run_cases(section: str, graph: BenchGraph, names, build: Callable[[str], Cas
               baseline: str, contenders: Dict[str, Factory], dtype: torch.dtype, device,
               settings: Settings, on_row: Optional[Callable[[Dict[str, Any]], None]] = None,
               before: Optional[Callable[[str], Optional[str]]] = None,
-              after: Optional[Callable[[str, Dict[str, Any]], None]] = None
-              ) -> List[Dict[str, Any]]:
-    """Every named case of one section on one graph: skipped once the time
-    budget is spent, reported per contender when its inputs cannot be built,
-    otherwise :func:`run_case`."""
+              after: Optional[Callable[[str, Dict[str, Any]], None]] = None,
+              shape: str = "") -> List[Dict[str, Any]]:
+    """Every named case of one section on one graph (at one ``shape`` label):
+    skipped once the time budget is spent, reported per contender when its
+    inputs cannot be built, otherwise :func:`run_case`."""
     rows: List[Dict[str, Any]] = []
 
     def emit(new: List[Dict[str, Any]]) -> None:
@@ -441,13 +461,13 @@ def run_cases(section: str, graph: BenchGraph, names, build: Callable[[str], Cas
         late = settings.out_of_time()
         if late:
             emit(failed_case_rows(section, graph, name, dtype, device, baseline, contenders,
-                                  None, settings, status=f"skipped: {late}"))
+                                  None, settings, status=f"skipped: {late}", shape=shape))
             continue
         try:
             case = build(name)
         except Exception as e:
             emit(failed_case_rows(section, graph, name, dtype, device, baseline, contenders, e,
-                                  settings))
+                                  settings, shape=shape))
             continue
         rows += run_case(case, contenders, settings, on_row=on_row, before=before, after=after)
         del case
@@ -456,7 +476,7 @@ def run_cases(section: str, graph: BenchGraph, names, build: Callable[[str], Cas
 
 def failed_case_rows(section: str, graph: BenchGraph, name: str, dtype: torch.dtype,
                      device, baseline: str, contenders, exc: Optional[BaseException],
-                     settings: Settings, status: Optional[str] = None
+                     settings: Settings, status: Optional[str] = None, shape: str = ""
                      ) -> List[Dict[str, Any]]:
     """Rows for every contender of a case that did not run: its inputs could
     not be built (``exc``), or it was skipped (``status``)."""
@@ -464,7 +484,8 @@ def failed_case_rows(section: str, graph: BenchGraph, name: str, dtype: torch.dt
     if exc is not None:
         oom = timing.is_oom(exc)
         if not oom:
-            settings.errors.append(f"[{section} {graph.name} {name}] building the case\n"
+            settings.errors.append(f"[{section} {graph.name} {name} {shape} "
+                                   f"{dtype_name(dtype)}] building the case\n"
                                    f"{traceback.format_exc()}")
         timing.free_memory(device, collect=True)
         status = "OOM" if oom else f"error: {_short(exc)}"
@@ -473,7 +494,8 @@ def failed_case_rows(section: str, graph: BenchGraph, name: str, dtype: torch.dt
     for c in contenders:
         r = {"section": section, "graph": graph.name, "graph_kind": graph.kind,
              "num_nodes": graph.num_nodes, "num_edges": graph.num_edges, "case": name,
-             "dtype": dtype_name(dtype), "device": str(device), "contender": c,
+             "shape": shape or None, "dtype": dtype_name(dtype), "device": str(device),
+             "contender": c,
              "baseline": baseline, "status": status, "check": "", "max_err": None,
              "note": note}
         rows.append(r)

@@ -161,6 +161,7 @@ def test_case_that_cannot_be_built(monkeypatch):
     rows = L.run_layers(_graph(), cfg, _settings(), torch.float32, CPU,
                         L.CompileGate({"enabled": False}))
     assert [(r["contender"], r["status"]) for r in rows] == [("fused", "OOM"), ("pyg", "OOM")]
+    assert all(r["shape"] == "4x64" for r in rows)  # the default shape
 
 
 def test_oom_in_cause_chain():
@@ -211,6 +212,7 @@ def test_timing_helpers():
     assert timing.peak_memory_mb(lambda: None, CPU) == 0.0
     # CPU: peak of the tensor memory allocated during the call (two 4 MiB
     # buffers alive at once, then freed), not what is left at the end
+
     def two():
         a = torch.empty(1 << 20)
         b = torch.empty(1 << 20)
@@ -236,3 +238,79 @@ def test_speedups():
     assert rows[2]["speedup_fwd"] is None
     text = report.format_summary(rows)
     assert "pyg_sparse: OOM" in text
+
+
+def _bf16_gat_case(**kw):
+    return build_case(_graph(), "gat", heads=2, channels=8, in_channels=8,
+                      dtype=torch.bfloat16, device=CPU, seed=0, **kw)
+
+
+def test_low_precision_reference_is_fp64_else_fp32():
+    case = _bf16_gat_case()
+    ref = compute_reference(case, _settings())
+    assert ref.kind == "fp64" and ref.out.dtype == torch.float64
+    # too large for fp64: the baseline in float32 (not PyG in bf16) is the yardstick
+    ref32 = compute_reference(case, _settings(fp64_max_elements=10))
+    assert ref32.kind == "pyg-fp32" and ref32.out.dtype == torch.float32
+    # both evaluate the same function: the bf16 inputs and weights, upcast exactly
+    assert rel_err(ref32.out, ref.out) < 1e-5
+    for k, g in ref.grads.items():
+        assert rel_err(ref32.grads[k], g) < 1e-4, k
+    # fp32 cases keep their old fallback: the baseline in the working dtype
+    assert compute_reference(_gat_case(), _settings(fp64_max_elements=10)).kind == "pyg"
+
+
+def test_bf16_case_gate():
+    case = _bf16_gat_case()
+
+    def tripled(case):  # output 3x: relative error 2
+        m, ei = case.extra["native"], case.extra["edge_index"]
+        return Prepared(fn=lambda x: 3.0 * m(x, ei), params=dict(m.named_parameters()))
+    rows = run_case(case, {"pyg": pyg_factory, "wrong": tripled,
+                           "wrong_bwd": _wrong_backward}, _settings())
+    by = {r["contender"]: r for r in rows}
+    assert by["pyg"]["status"] == "ok" and by["pyg"]["check"] == "fp64"
+    # bf16 round-off (unit 2**-8), largest in the parameter gradients of the bf16
+    # nn.Linear backward (~0.08 here); it widens the others' tolerance to 2x that
+    assert 0 < by["pyg"]["max_err"] < 0.2
+    assert by["pyg"]["dtype"] == "bfloat16" and by["pyg"]["shape"] == "2x8"
+    assert by["pyg"]["max_err_at"]
+    for name in ("wrong", "wrong_bwd"):  # 3x output / 2x input gradient: errors 2 and 1
+        assert by[name]["status"] == "mismatch", by[name]
+
+
+def test_agnn_case_is_one_head_of_heads_times_channels():
+    case = build_case(_graph(), "agnn", heads=8, channels=10, in_channels=64,
+                      dtype=torch.float32, device=CPU)
+    assert (case.heads, case.channels, case.shape) == (1, 80, "8x10")
+    assert tuple(case.inputs[0].shape) == (300, 80)
+    assert tuple(case.grad_out.shape) == (300, 80)
+    gat = build_case(_graph(), "gat", heads=8, channels=10, in_channels=64,
+                     dtype=torch.float32, device=CPU)
+    assert (gat.heads, gat.channels, gat.shape) == (8, 10, "8x10")
+    assert tuple(gat.grad_out.shape) == (300, 80)
+    rows = run_case(case, {"pyg": pyg_factory}, _settings())
+    assert rows[0]["shape"] == "8x10" and rows[0]["channels"] == 80
+
+
+def test_run_layers_and_ops_at_a_shape():
+    import pyg_dfgnn.bench.layers as L
+    from pyg_dfgnn.bench.config import BASE, deep_merge
+    from pyg_dfgnn.bench.ops_bench import run_ops
+    cfg = deep_merge(BASE, {"layers": {"names": ["transformer"], "shapes": [[4, 64], [8, 19]],
+                                       "in_channels": 8},
+                            "ops": {"names": ["dot"], "shapes": ["2x4"]}})
+    rows = L.run_layers(_graph(), cfg, _settings(), torch.float32, CPU,
+                        L.CompileGate({"enabled": False}), shape=(8, 19),
+                        contender_names=["pyg"])
+    assert [(r["contender"], r["shape"], r["heads"], r["channels"], r["status"])
+            for r in rows] == [("pyg", "8x19", 8, 19, "ok")]
+    rows = run_ops(_graph(), cfg, _settings(), torch.float32, CPU, contender_names=["naive"])
+    assert [(r["shape"], r["status"]) for r in rows] == [("2x4", "ok")]  # first of ops.shapes
+    # a skipped case (time budget) keeps its shape
+    s = _settings(deadline=0.0, budget_s=1.0)
+    rows = L.run_layers(_graph(), cfg, s, torch.float32, CPU,
+                        L.CompileGate({"enabled": False}), shape=(8, 19),
+                        contender_names=["fused", "pyg"])
+    assert [(r["shape"], r["status"][:20]) for r in rows] == [
+        ("8x19", "skipped: time budget")] * 2
