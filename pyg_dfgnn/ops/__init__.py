@@ -94,11 +94,14 @@ def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = ()) -> Di
 
 
 def _check_float(name: str, value: Any, finite: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # (torch.SymFloat/SymInt: torch.compile(dynamic=True) makes Python floats
+    # symbolic; the comparisons below trace as guards, math.isfinite would not)
+    if isinstance(value, bool) or not isinstance(
+            value, (int, float, torch.SymFloat, torch.SymInt)):
         raise ValueError(f"'{name}' must be a float, got {type(value).__name__}")
-    if finite and not math.isfinite(value):
+    if finite and (value != value or value == math.inf or value == -math.inf):
         raise ValueError(f"'{name}' must be finite, got {value}")
-    return float(value)
+    return value if isinstance(value, torch.SymFloat) else float(value)
 
 
 def _seed(dropout: float, device) -> Optional[Tensor]:

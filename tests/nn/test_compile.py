@@ -78,6 +78,9 @@ def test_no_graph_break_on_edge_index(name, training):
     args = (x, ei, torch.randn(E, 3)) if name == "transformer_edge" else (x, ei)
     n, reasons = _breaks(conv, *args)
     assert n == 0, reasons
+    # dynamic shapes (symbolic sizes and floats) trace as one graph as well
+    torch._dynamo.reset()
+    torch.compile(conv, dynamic=True, fullgraph=True, backend="eager")(*args)
 
 
 def test_graph_breaks_only_at_graph_conversion():

@@ -31,11 +31,15 @@ def test_trainer_models_have_no_graph_break(name):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_compiled_model_equals_eager(name):
-    """float64, dynamic shapes, batches of different sizes (one compiled graph
-    serves them): outputs and every parameter gradient equal eager's."""
+    """float64, dynamic shapes, batches of different sizes: one compiled graph
+    (fullgraph: no break; one frame: no recompilation) serves them all, and
+    outputs and every parameter gradient equal eager's."""
+    from torch._dynamo.testing import CompileCounterWithBackend
     model = _model(name).double().eval()   # eval: no dropout / BN batch statistics
     torch._dynamo.reset()
-    compiled = torch.compile(model, dynamic=True, backend="aot_eager")
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
+    frames = []
     for n, s in ((2, 0), (3, 1), (4, 2)):
         b = pattern_like_batch(n, seed=s)
         grads = []
@@ -45,9 +49,29 @@ def test_compiled_model_equals_eager(name):
             grads.append((out.detach(), [p.grad.clone() if p.grad is not None else None
                                          for p in model.parameters()]))
             model.zero_grad(set_to_none=True)
+        frames.append(counter.frame_count)
         (o1, g1), (o2, g2) = grads
         torch.testing.assert_close(o2, o1, rtol=1e-12, atol=1e-12)
         for a, c in zip(g1, g2):
             assert (a is None) == (c is None)
             if a is not None:
                 torch.testing.assert_close(c, a, rtol=1e-12, atol=1e-12)
+    assert frames[0] >= 1 and frames[-1] == frames[0], frames   # no recompilation
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_training_mode_compiles_fullgraph_dynamic(name):
+    """Training mode (dropout, BatchNorm statistics) with dynamic shapes:
+    fullgraph compiles and no recompilation across batch sizes (a symbolic
+    float once broke the graph in the op's argument checks)."""
+    from torch._dynamo.testing import CompileCounter
+    model = _model(name).train()
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
+    frames = []
+    for n, s in ((2, 0), (3, 1), (1, 2)):
+        b = pattern_like_batch(n, seed=s)
+        compiled(b.x, b.edge_index).sum().backward()
+        frames.append(counter.frame_count)
+    assert frames[0] >= 1 and frames[-1] == frames[0], frames   # no recompilation
