@@ -283,10 +283,7 @@ def test_trainer_device_sampling_resumes_exactly(tmp_path, monkeypatch):
     b = torch.load(tmp_path / "b" / "checkpoint_last.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert r["history"][-1]["train_loss"] == r2["history"][-1]["train_loss"]
-    # sampled evaluation on the device: the same subgraphs every time (deterministic)
-    r3 = _train(tmp_path, "c", "epochs=1", "data.eval=sampled")
-    r4 = _train(tmp_path, "d", "epochs=1", "data.eval=sampled")
-    assert r3["history"][0]["val_loss"] == r4["history"][0]["val_loss"]
+    assert r["history"][-1]["val_loss"] == r2["history"][-1]["val_loss"]
 
 
 # ---------------------------------------------------------------------------- CUDA
