@@ -431,10 +431,10 @@ def sample_neighbors_device(colptr: Tensor, row: Tensor, seed: Tensor,
             at = torch.where(valid, at, torch.full_like(at, E))
             out[:, at] = torch.stack([torch.cat([h[i] for h in hop_edges]) for i in range(3)])
         out = out[:, :E]
-    finally:
-        assoc[seed] = -1
+    finally:   # (index_fill_: ``assoc[i] = -1`` would copy the scalar over, a sync)
+        assoc.index_fill_(0, seed, -1)
         for s, first, _ in hop_nodes:
-            assoc[s] = -1     # every node touched (sentinel N included: it stays -1)
+            assoc.index_fill_(0, s, -1)   # every node touched (and the sentinel N)
     return SamplerOutput(node=node, row=out[0], col=out[1], edge=out[2], batch=None,
                          num_sampled_nodes=num_nodes, num_sampled_edges=num_edges)
 

@@ -55,7 +55,7 @@ def _device_sampler(data, fanout, device):
 
 def _check_batch(data, b, seeds, fanout):
     """Every invariant of a sampled batch against the graph ``data`` (CPU)."""
-    b = b.cpu()
+    b = b.clone().cpu()   # (Data.cpu() moves the batch itself)
     n = data.num_nodes
     ei = data.edge_index
     B = seeds.numel()
@@ -312,27 +312,54 @@ def test_sampling_on_the_gpu(fanout, _):
 
 
 @pytest.mark.parametrize("_", [pytest.param(0, id="gpu", marks=needs_cuda)])
+def test_one_host_sync_per_gpu_batch(_):
+    """A batch (fan-outs below the largest degree) syncs with the host once: the
+    per-hop counts, read together (torch's sync debug mode sees every
+    synchronising copy / stream sync)."""
+    import warnings
+    data = _data(n=2000, e=40000, max_deg=1500)
+    ds = _device_sampler(data, [15, 10, 5], "cuda")
+    assert ds.max_degree > 15
+    seeds = _seeds(n=2000, count=256).cuda()
+    g = ds.generator(0)
+    ds.batch(seeds[:128], g)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            b = ds.batch(seeds[128:], g, torch.arange(128, 256, device="cuda"))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [x for x in w if "synchronizing CUDA operation" in str(x.message)]
+    assert len(syncs) == 1, [str(x.message) for x in w]
+    assert b.edge_index.size(1) > 0
+
+
+@pytest.mark.parametrize("_", [pytest.param(0, id="gpu", marks=needs_cuda)])
 def test_fused_and_pyg_agree_on_a_gpu_sampled_batch(_):
     """The same weights (build_model seeds both backends alike) on one batch
     sampled on the GPU, float64: the fused model (exact reference ops in
-    float64) and PyG's layers sum the same terms per target in another order,
-    a few ulps of (max in-degree + 1) terms per layer."""
+    float64) and PyG's layers sum the same terms per target in another order:
+    a few ulps times (max in-degree + 1) per layer, far below 1e-10."""
     from pyg_dfgnn.train.config import ModelConfig
     from pyg_dfgnn.train.models import build_model
     from .conftest import fused_available
     if not fused_available():
         pytest.skip("pyg_dfgnn.nn is not importable")
     data = _data(n=2000, e=40000, max_deg=1500)
+    data.x = torch.randint(0, 5, (2000,), generator=torch.Generator().manual_seed(2))
     ds = _device_sampler(data, [15, 10, 5], "cuda")
     b = ds.batch(_seeds(n=2000, count=256), ds.generator(0))
-    mc = ModelConfig(name="gat", readout="conv", layers=3, hidden=32, heads=4, out_heads=4,
-                     batch_norm=False, residual=False)
+    # integer inputs -> embedding: the whole model runs in float64
+    mc = ModelConfig(name="gat", readout="mlp", layers=3, hidden=32, heads=4)
     outs = {}
     for backend in ("fused", "pyg"):
         torch.manual_seed(0)
-        m = build_model(mc, 6, 4, False, backend).to("cuda", torch.float64).eval()
+        m = build_model(mc, 5, 4, True, backend).to("cuda", torch.float64).eval()
         with torch.no_grad():
-            outs[backend] = m(b.x.double(), b.edge_index)[:b.batch_size]
+            outs[backend] = m(b.x, b.edge_index)[:b.batch_size]
+        assert outs[backend].dtype == torch.float64
     f, p = outs["fused"], outs["pyg"]
     assert float(p.std(0).min()) > 1e-3
     torch.testing.assert_close(f, p, rtol=1e-10, atol=1e-10 * float(p.abs().max()))
@@ -350,4 +377,31 @@ def test_tiny_training_run_sampling_on_the_gpu(tmp_path, backend, _):
     log = (tmp_path / "train.log").read_text()
     assert "sampling: on cuda" in log and "(data.sample_on=cuda:" in log
     assert r["status"] == "completed" and len(r["history"]) == 2
+    assert all(math.isfinite(h["train_loss"]) for h in r["history"])
+
+
+@pytest.mark.parametrize("_", [pytest.param(0, id="gpu", marks=needs_cuda)])
+def test_ddp_two_gpus_each_rank_samples_on_its_own_gpu(tmp_path, _):
+    """torchrun, 2 NCCL ranks on 2 GPUs, data.sample_on=cuda: each rank samples
+    its shard (90 of the 180 training seeds) on its own GPU."""
+    import os
+    import subprocess
+    import sys
+    from .conftest import REPO
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    over = [o for o in TINY_SAMPLED if not o.startswith("device=")]
+    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node=2", "-m", "pyg_dfgnn", "train",
+           str(CONFIGS / "cora_gat_sampled_quick.yaml")] + over + [
+           "device=cuda", "data.sample_on=cuda", "backend=pyg", "epochs=2",
+           f"data.root={tmp_path / 'data'}", f"out_dir={tmp_path / 'run'}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    assert "x2 ranks (DDP, nccl)" in p.stdout
+    assert "sampling: on cuda:0 (data.sample_on=cuda:" in p.stdout
+    assert "train seeds 90 per rank x 2" in p.stdout
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert r["environment"]["world_size"] == 2 and len(r["history"]) == 2
     assert all(math.isfinite(h["train_loss"]) for h in r["history"])
