@@ -755,11 +755,11 @@ def check_environment(cfg: TrainConfig, probe_out_dir: bool = True) -> None:
     if d.loader == "neighbor" and d.sample_on == "cuda":
         import torch
         if dev == "cpu" or not torch.cuda.is_available():
-            why = ("device is 'cpu'" if dev == "cpu" else
+            why = ("device=cpu" if dev == "cpu" else
                    "this PyTorch build has no CUDA support" if torch.version.cuda is None
                    else "no CUDA GPU is visible")
-            raise ConfigError(f"data.sample_on: 'cuda' needs a CUDA run, but the {why}; use "
-                              "data.sample_on=auto (the device when the run is on CUDA) or cpu")
+            raise ConfigError(f"data.sample_on: 'cuda' needs a CUDA run, but {why}; use "
+                              "data.sample_on=auto (the GPU when the run is on CUDA) or cpu")
     if probe_out_dir:
         out = cfg.resolved_out_dir()
         try:

@@ -167,7 +167,7 @@ def test_uniform_subsets():
 
 
 def test_edge_cases_and_errors():
-    ei = torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]])   # nodes 2, 3 have no in-edges
+    # edges 1->0, 2->0, 3->0, 0->1 in CSC form: nodes 2, 3 have no in-edges
     colptr = torch.tensor([0, 3, 4, 4, 4])
     row = torch.tensor([1, 2, 3, 0])
     out = sample_neighbors_device(colptr, row, torch.tensor([2, 3]), [2, 2])
@@ -233,8 +233,8 @@ def test_tiny_run_on_the_cpu_path(tmp_path):
     from pyg_dfgnn.train.cli import main
     out = tmp_path / "run"
     assert main([str(CONFIGS / "cora_gat_sampled_quick.yaml")] + TINY_SAMPLED + [
-        "data.sample_on=cpu", "backend=pyg", "epochs=1",
-                                f"data.root={tmp_path / 'data'}", f"out_dir={out}"]) == 0
+        "data.sample_on=cpu", "backend=pyg", "epochs=1", f"data.root={tmp_path / 'data'}",
+        f"out_dir={out}"]) == 0
     log = (out / "train.log").read_text()
     assert "sampling: on the CPU (data.sample_on=cpu: as configured)" in log
     assert "sampling: NeighborLoader, num_neighbors=[4, 3]" in log
