@@ -104,6 +104,13 @@ class DataConfig:
                      "(SBM); neighbor = PyG NeighborLoader, batch_size seed nodes per step")
     num_neighbors: List[int] = _f([15, 10, 5], help="loader=neighbor: neighbours sampled per "
                                                     "hop (one entry per layer, -1 = all)")
+    sample_on: str = _f("auto", ("auto", "cpu", "cuda"),
+                        "loader=neighbor: where the batches are sampled. cpu = PyG "
+                        "NeighborLoader, num_workers worker processes, each batch copied to "
+                        "the device; cuda = the graph (CSC, features, labels, masks) moved to "
+                        "the device once, every batch sampled and gathered there (no workers, "
+                        "no host copies; needs a CUDA device); auto = cuda when the run is on "
+                        "CUDA and the graph takes <= 25% of the free device memory, else cpu")
     eval: str = _f("auto", EVAL_MODES,
                    "evaluation of one-graph data sets: full = one forward over the whole graph "
                    "on the device; sampled = the training fan-out around the val/test seeds "
@@ -516,6 +523,9 @@ def _validate_sampling(cfg: TrainConfig) -> None:
     if d.loader != "neighbor" and d.eval in ("sampled", "layerwise"):
         raise ConfigError(f"data.eval={d.eval} needs data.loader=neighbor (full-batch "
                           "training evaluates the whole graph: data.eval=full or auto)")
+    if d.loader != "neighbor" and d.sample_on != "auto":
+        raise ConfigError(f"data.sample_on={d.sample_on} needs data.loader=neighbor (it says "
+                          "where the neighbour-sampled batches are made); leave it at auto")
     if d.loader != "neighbor":
         return
     if d.name in ("PATTERN", "CLUSTER"):
@@ -720,6 +730,7 @@ def check_environment(cfg: TrainConfig, probe_out_dir: bool = True) -> None:
     """Checks of ``cfg`` against this machine, run at the start of training.
 
     * ``device: cuda[:N]`` needs CUDA (and device ``N``);
+    * ``data.sample_on: cuda`` (with ``data.loader: neighbor``) needs a CUDA run;
     * ``out_dir`` must be writable: it is created and a file is created in it
       and removed again.  Actually writing (rather than ``os.access``) also
       catches read-only file systems and works for root, whom permission bits
@@ -740,6 +751,15 @@ def check_environment(cfg: TrainConfig, probe_out_dir: bool = True) -> None:
             if int(dev.split(":", 1)[1]) >= n:
                 raise ConfigError(f"device: {dev!r} but this machine has {n} CUDA device(s) "
                                   f"(cuda:0 .. cuda:{n - 1})")
+    d = cfg.data
+    if d.loader == "neighbor" and d.sample_on == "cuda":
+        import torch
+        if dev == "cpu" or not torch.cuda.is_available():
+            why = ("device=cpu" if dev == "cpu" else
+                   "this PyTorch build has no CUDA support" if torch.version.cuda is None
+                   else "no CUDA GPU is visible")
+            raise ConfigError(f"data.sample_on: 'cuda' needs a CUDA run, but {why}; use "
+                              "data.sample_on=auto (the GPU when the run is on CUDA) or cpu")
     if probe_out_dir:
         out = cfg.resolved_out_dir()
         try:

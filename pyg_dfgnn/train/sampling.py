@@ -15,6 +15,18 @@ metrics use only the seed nodes.
   installed, samples with vectorised PyTorch (uniform, without replacement,
   same output layout as ``pyg-lib``); with ``pyg-lib`` / ``torch-sparse`` it
   uses PyG's own routines unchanged.
+* **Where** (``data.sample_on``).  ``cpu``: the sampler above inside PyG's
+  NeighborLoader with ``data.num_workers`` worker processes, each batch then
+  copied to the device.  ``cuda``: :class:`DeviceNeighborSampler` -- the
+  graph's CSC, features, labels and masks are moved to the device once and
+  every batch is sampled there (:func:`sample_neighbors_device`: the same
+  uniform sampling in fixed-size tensors, one host sync per batch), its
+  features gathered there, without worker processes or host copies; the
+  batches have the NeighborLoader's layout.  Its generator lives on the device,
+  seeded from ``(seed, epoch, rank)`` (evaluation: the same subgraphs every
+  time), so runs are reproducible and resume exactly.  ``auto``: ``cuda`` when
+  the run is on CUDA and the graph takes at most 25 % of the free device
+  memory, else ``cpu``; the log says which and why.
 * **Training seeds.** Every epoch the training nodes are shuffled with a
   generator seeded from ``(seed, epoch)`` -- the same permutation on every
   rank -- and, under DDP, rank ``r`` takes the ``r``-th of ``world_size``
@@ -46,6 +58,7 @@ from . import distributed as D
 from .metrics import ConfusionCounter
 
 __all__ = ["TorchNeighborSampler", "sample_neighbors", "seed_shard", "make_loader",
+           "DeviceNeighborSampler", "DeviceNeighborLoader", "sample_neighbors_device",
            "SampledNodeTraining", "expected_subgraph_size", "model_stages",
            "layerwise_inference", "to_csc"]
 
@@ -66,17 +79,21 @@ def _choose(start: Tensor, deg: Tensor, k: int, replace: bool,
     """For frontier node ``i`` (in-edges ``start[i] .. start[i] + deg[i]``), pick
     ``min(k, deg[i])`` distinct edges uniformly (all when ``k < 0``; ``k`` with
     replacement when ``replace``).  Returns ``(pos, dst)`` sorted by ``dst``:
-    edge positions in the CSC arrays and the frontier index of each edge."""
+    edge positions in the CSC arrays and the frontier index of each edge.
+    Runs on the device of ``deg`` (``generator`` must be on that device); it
+    has data-dependent sizes (several host syncs per call): the device sampler
+    uses :func:`_choose_padded` instead."""
+    dev = deg.device
     nf = deg.numel()
-    ar = torch.arange(nf)
+    ar = torch.arange(nf, device=dev)
     if k < 0 or (not replace and bool((deg <= k).all())):
         dst = torch.repeat_interleave(ar, deg)
         seg = torch.cumsum(deg, 0) - deg
-        return start[dst] + (torch.arange(dst.numel()) - seg[dst]), dst
+        return start[dst] + (torch.arange(dst.numel(), device=dev) - seg[dst]), dst
     if replace:
         cnt = torch.where(deg > 0, torch.full_like(deg, k), torch.zeros_like(deg))
         dst = torch.repeat_interleave(ar, cnt)
-        off = (torch.rand(dst.numel(), generator=generator, dtype=torch.float64)
+        off = (torch.rand(dst.numel(), generator=generator, dtype=torch.float64, device=dev)
                * deg[dst]).long()
         return start[dst] + off, dst
     parts = []  # (dst, offset in the row, rank among the row's chosen edges)
@@ -86,7 +103,7 @@ def _choose(start: Tensor, deg: Tensor, k: int, replace: bool,
         d = deg[small]
         dst = torch.repeat_interleave(small, d)
         seg = torch.cumsum(d, 0) - d
-        off = torch.arange(dst.numel()) - torch.repeat_interleave(seg, d)
+        off = torch.arange(dst.numel(), device=dev) - torch.repeat_interleave(seg, d)
         parts.append((dst, off, off))
     # k < deg <= 4k: a random order of the row's edges (random keys), first k kept
     mid = ar[(deg > k) & (deg <= 4 * k)]
@@ -94,11 +111,11 @@ def _choose(start: Tensor, deg: Tensor, k: int, replace: bool,
         d = deg[mid]
         dst = torch.repeat_interleave(mid, d)
         seg = torch.cumsum(d, 0) - d
-        off = torch.arange(dst.numel()) - torch.repeat_interleave(seg, d)
+        off = torch.arange(dst.numel(), device=dev) - torch.repeat_interleave(seg, d)
         key = dst.double() + torch.rand(dst.numel(), generator=generator,
-                                        dtype=torch.float64) * 0.5
+                                        dtype=torch.float64, device=dev) * 0.5
         order = torch.argsort(key)          # grouped by dst, random order inside
-        rank = torch.arange(dst.numel()) - torch.repeat_interleave(seg, d)
+        rank = torch.arange(dst.numel(), device=dev) - torch.repeat_interleave(seg, d)
         sel = rank < k
         keep = order[sel]
         parts.append((dst[keep], off[keep], rank[sel]))
@@ -106,12 +123,12 @@ def _choose(start: Tensor, deg: Tensor, k: int, replace: bool,
     big = ar[deg > 4 * k]
     if big.numel():
         M = int(deg.max()) + 1
-        need = torch.full((big.numel(),), k, dtype=torch.long)
-        keys = torch.empty(0, dtype=torch.long)
-        rows = torch.arange(big.numel())
+        need = torch.full((big.numel(),), k, dtype=torch.long, device=dev)
+        keys = torch.empty(0, dtype=torch.long, device=dev)
+        rows = torch.arange(big.numel(), device=dev)
         while True:
             r = torch.repeat_interleave(rows, need)
-            off = (torch.rand(r.numel(), generator=generator, dtype=torch.float64)
+            off = (torch.rand(r.numel(), generator=generator, dtype=torch.float64, device=dev)
                    * deg[big[r]]).long()
             keys = torch.unique(torch.cat([keys, r * M + off]))
             need = k - torch.bincount(keys // M, minlength=big.numel())
@@ -119,12 +136,12 @@ def _choose(start: Tensor, deg: Tensor, k: int, replace: bool,
                 break
             need = need.clamp_min(0)
         r = keys // M  # sorted: k consecutive entries per row
-        parts.append((big[r], keys % M, torch.arange(r.numel()) - r * k))
+        parts.append((big[r], keys % M, torch.arange(r.numel(), device=dev) - r * k))
     # place every part's entries at (row offset + rank in row): sorted by dst, no sort
     cnt = torch.minimum(deg, torch.full_like(deg, k))
     base = torch.cumsum(cnt, 0) - cnt
     total = int(cnt.sum())
-    pos = torch.empty(total, dtype=torch.long)
+    pos = torch.empty(total, dtype=torch.long, device=dev)
     dst_out = torch.repeat_interleave(ar, cnt)
     for dst, off, rank in parts:
         pos[base[dst] + rank] = start[dst] + off
@@ -146,23 +163,24 @@ def sample_neighbors(colptr: Tensor, row: Tensor, seed: Tensor, num_neighbors: S
     between calls, left filled with ``-1``).
     """
     from torch_geometric.sampler import SamplerOutput
-    seed = seed.long().cpu()
+    dev = colptr.device
+    seed = seed.long().to(dev)
     N = colptr.numel() - 1
     if seed.numel() and (int(seed.min()) < 0 or int(seed.max()) >= N):
         raise ValueError(f"'seed' holds node ids outside [0, {N})")
     if torch.unique(seed).numel() != seed.numel():
         raise ValueError("'seed' holds duplicate node ids; pass every seed node once")
     if assoc is None:
-        assoc = torch.full((N,), -1, dtype=torch.long)
+        assoc = torch.full((N,), -1, dtype=torch.long, device=dev)
     colptr = colptr.long()
     n_total = seed.numel()
-    assoc[seed] = torch.arange(n_total)
+    assoc[seed] = torch.arange(n_total, device=dev)
     nodes: List[Tensor] = [seed]
     rows: List[Tensor] = []
     cols: List[Tensor] = []
     edges: List[Tensor] = []
     num_nodes, num_edges = [n_total], []
-    frontier, frontier_local = seed, torch.arange(n_total)
+    frontier, frontier_local = seed, torch.arange(n_total, device=dev)
     try:
         for k in num_neighbors:
             k = int(k)
@@ -176,7 +194,7 @@ def sample_neighbors(colptr: Tensor, row: Tensor, seed: Tensor, num_neighbors: S
             pos, dst = _choose(start, deg, k, replace, generator)
             src = row[pos].long()
             new = torch.unique(src[assoc[src] < 0])
-            assoc[new] = torch.arange(n_total, n_total + new.numel())
+            assoc[new] = torch.arange(n_total, n_total + new.numel(), device=dev)
             n_total += new.numel()
             rows.append(assoc[src])
             cols.append(frontier_local[dst])
@@ -189,7 +207,7 @@ def sample_neighbors(colptr: Tensor, row: Tensor, seed: Tensor, num_neighbors: S
     finally:
         for t in nodes:
             assoc[t] = -1
-    empty = torch.empty(0, dtype=torch.long)
+    empty = torch.empty(0, dtype=torch.long, device=dev)
     return SamplerOutput(node=node, row=torch.cat(rows) if rows else empty,
                          col=torch.cat(cols) if cols else empty,
                          edge=torch.cat(edges) if edges else empty, batch=None,
@@ -244,6 +262,324 @@ class TorchNeighborSampler(_sampler_base()):
         if self.sample_direction == "backward":
             out.row, out.col = out.col, out.row
         return out
+
+
+# ----------------------------------------------------------------------------
+# sampling on the device (data.sample_on: cuda)
+# ----------------------------------------------------------------------------
+def _choose_padded(start: Tensor, deg: Tensor, k: int, replace: bool,
+                   generator: Optional[torch.Generator]):
+    """:func:`_choose` in fixed-size tensors, without a host sync: ``k`` slots
+    per frontier node.  Returns ``(pos, valid)``, both ``[nf, k]``: slot ``j``
+    of row ``i`` holds the CSC position of a chosen in-edge where
+    ``valid[i, j]`` (``pos`` is 0 elsewhere).
+
+    Without replacement a row with ``deg <= k`` takes every in-edge, in CSC
+    order (slots ``0 .. deg - 1``); a row with ``deg > k`` takes a uniformly
+    random ``k``-subset of its edges by Floyd's algorithm (for ``J = deg - k ..
+    deg - 1``: draw ``t`` uniform in ``[0, J]``, take ``J`` if ``t`` was taken
+    already, else ``t``), vectorised over the rows: ``k`` rounds of ``[nf, j]``
+    comparisons.  With replacement every slot of a row with ``deg > 0`` is
+    uniform in ``[0, deg)``."""
+    dev = deg.device
+    nf = deg.numel()
+    j = torch.arange(k, device=dev)
+    r = torch.rand((nf, k), generator=generator, dtype=torch.float64, device=dev)
+    if replace:
+        off = torch.minimum((r * deg[:, None]).long(), (deg - 1).clamp_min(0)[:, None])
+        valid = (deg > 0)[:, None].expand(nf, k)
+    else:
+        valid = j[None, :] < deg[:, None]
+        J = deg[:, None] - k + j[None, :]                       # [nf, k]
+        t = torch.minimum((r * (J + 1)).long(), J)              # uniform in [0, J]
+        chosen = torch.empty((nf, k), dtype=torch.long, device=dev)
+        for i in range(k):
+            ti = t[:, i]
+            if i:
+                taken = (chosen[:, :i] == ti[:, None]).any(1)
+                ti = torch.where(taken, J[:, i], ti)
+            chosen[:, i] = ti
+        off = torch.where((deg > k)[:, None], chosen, j[None, :])
+    pos = torch.where(valid, start[:, None] + off, torch.zeros_like(off))
+    return pos, valid
+
+
+def sample_neighbors_device(colptr: Tensor, row: Tensor, seed: Tensor,
+                            num_neighbors: Sequence[int], replace: bool = False,
+                            generator: Optional[torch.Generator] = None,
+                            assoc: Optional[Tensor] = None, check: bool = True,
+                            max_degree: Optional[int] = None):
+    """:func:`sample_neighbors` for a graph on the device (any device; CPU
+    tensors work too): the same output (a
+    :class:`~torch_geometric.sampler.SamplerOutput`, nodes seeds first and new
+    nodes of each hop in increasing global id, edges sorted by target, ``edge``
+    = CSC positions), the same distribution (``min(k, deg)`` distinct in-edges
+    per node, uniform), computed in fixed-size tensors: every hop works on
+    ``k`` padded slots per frontier entry (:func:`_choose_padded`) and a padded
+    frontier (the sorted candidate sources, duplicates and already-seen nodes
+    replaced by the sentinel ``N``, whose degree is 0); new nodes get their
+    local ids from a cumulative sum over the sorted candidates.  Where every
+    node's in-edges are all taken (``-1`` or ``k >= deg``) the subgraph equals
+    :func:`sample_neighbors`'s exactly.
+
+    Host-device syncs: **one per call** (the per-hop node / edge counts, read
+    together at the end to compact the padded results), plus one per
+    all-neighbours hop (``-1`` or ``k >= max_degree``: its edge count sizes
+    the hop; a fan-out that large would only pad every slot list to the
+    largest degree).
+
+    Args:
+        colptr, row: the graph in CSC form, on the sampling device.
+        seed: distinct node ids (moved to ``colptr``'s device).
+        num_neighbors: fan-out per hop (``-1`` = all).
+        generator: a :class:`torch.Generator` on the device (None: the
+            device's default generator).
+        assoc: optional ``[N + 1]`` int64 buffer on the device filled with
+            ``-1`` (reused between calls, left filled with ``-1``).
+        check: validate ``seed`` (range, duplicates: two syncs); the trainer's
+            seeds are valid by construction and skip it.
+        max_degree: the graph's largest in-degree (None: computed, one sync).
+    """
+    from torch_geometric.sampler import SamplerOutput
+    dev = colptr.device
+    seed = seed.long().to(dev)
+    N = colptr.numel() - 1
+    B = seed.numel()
+    if check:
+        if B and (int(seed.min()) < 0 or int(seed.max()) >= N):
+            raise ValueError(f"'seed' holds node ids outside [0, {N})")
+        if torch.unique(seed).numel() != B:
+            raise ValueError("'seed' holds duplicate node ids; pass every seed node once")
+    if assoc is None:
+        assoc = torch.full((N + 1,), -1, dtype=torch.long, device=dev)
+    elif assoc.numel() != N + 1:
+        raise ValueError(f"'assoc' must have num_nodes + 1 = {N + 1} entries, "
+                         f"got {assoc.numel()}")
+    colptr = colptr.long()
+    if max_degree is None:
+        max_degree = int((colptr[1:] - colptr[:-1]).max()) if N else 0
+    empty = torch.empty(0, dtype=torch.long, device=dev)
+    zero = torch.zeros((), dtype=torch.long, device=dev)
+    assoc[seed] = torch.arange(B, device=dev)
+    n_total = torch.full((), B, dtype=torch.long, device=dev)   # on the device: no sync
+    frontier, frontier_local = seed, torch.arange(B, device=dev)
+    hop_edges = []   # per hop: (src_local, dst_local, pos, valid), flat
+    hop_nodes = []   # per hop: (sorted candidates, first occurrence, local id)
+    counts = []      # per hop: (#edges, #new nodes), device scalars
+    try:
+        for k in num_neighbors:
+            k = int(k)
+            nf = frontier.numel()
+            if nf == 0 or k == 0 or row.numel() == 0:
+                counts.append((zero, zero))
+                frontier, frontier_local = empty, empty
+                continue
+            live = frontier < N
+            fs = torch.where(live, frontier, torch.zeros_like(frontier))
+            start = colptr[fs]
+            deg = torch.where(live, colptr[fs + 1] - start, torch.zeros_like(start))
+            if k < 0 or (k >= max_degree and not replace):   # all in-edges (one sync)
+                total = int(deg.sum())
+                dst = torch.repeat_interleave(torch.arange(nf, device=dev), deg,
+                                              output_size=total)
+                seg = torch.cumsum(deg, 0) - deg
+                pos = start[dst] + (torch.arange(total, device=dev) - seg[dst])
+                valid = torch.ones(total, dtype=torch.bool, device=dev)
+                dst_local = frontier_local[dst]
+            else:
+                pos, valid = _choose_padded(start, deg, k, replace, generator)
+                dst_local = frontier_local[:, None].expand(nf, k).reshape(-1)
+                pos, valid = pos.reshape(-1), valid.reshape(-1)
+            if pos.numel() == 0:
+                counts.append((zero, zero))
+                frontier, frontier_local = empty, empty
+                continue
+            src = torch.where(valid, row[pos].long(), torch.full_like(pos, N))
+            # candidates: sources not seen before (assoc[N] stays -1: the sentinel)
+            cand = torch.where(assoc[src] < 0, src, torch.full_like(src, N))
+            s = torch.sort(cand).values
+            first = s < N
+            first[1:] &= s[1:] != s[:-1]
+            csum = torch.cumsum(first, 0)
+            ids = csum + (n_total - 1)    # equal for the duplicates of one node
+            hop_nodes.append((s, first, ids))    # (before assoc changes: reset in finally)
+            assoc.index_put_((s,), torch.where(s < N, ids, torch.full_like(ids, -1)))
+            hop_edges.append((assoc[src], dst_local, pos, valid))
+            counts.append((valid.sum(), csum[-1]))
+            n_total = n_total + csum[-1]
+            frontier = torch.where(first, s, torch.full_like(s, N))
+            frontier_local = ids
+        # the one sync: every hop's edge and node counts
+        c = torch.stack([torch.stack(p) for p in counts]).tolist() if counts else []
+        num_edges = [int(e) for e, _ in c]
+        num_nodes = [B] + [int(n) for _, n in c]
+        E, Nn = sum(num_edges), sum(num_nodes)
+        # compact: every valid slot / first occurrence to its place (scatter, no sync);
+        # the padding goes to one extra slot at the end, dropped
+        node = torch.empty(Nn + 1, dtype=torch.long, device=dev)
+        node[:B] = seed
+        if hop_nodes:
+            s = torch.cat([h[0] for h in hop_nodes])
+            first = torch.cat([h[1] for h in hop_nodes])
+            ids = torch.cat([h[2] for h in hop_nodes])
+            node[torch.where(first, ids, torch.full_like(ids, Nn))] = s
+        node = node[:Nn]
+        out = torch.empty((3, E + 1), dtype=torch.long, device=dev)
+        if hop_edges:
+            valid = torch.cat([h[3] for h in hop_edges])
+            at = torch.cumsum(valid, 0) - 1
+            at = torch.where(valid, at, torch.full_like(at, E))
+            out[:, at] = torch.stack([torch.cat([h[i] for h in hop_edges]) for i in range(3)])
+        out = out[:, :E]
+    finally:   # (index_fill_: ``assoc[i] = -1`` would copy the scalar over, a sync)
+        assoc.index_fill_(0, seed, -1)
+        for s, first, _ in hop_nodes:
+            assoc.index_fill_(0, s, -1)   # every node touched (and the sentinel N)
+    return SamplerOutput(node=node, row=out[0], col=out[1], edge=out[2], batch=None,
+                         num_sampled_nodes=num_nodes, num_sampled_edges=num_edges)
+
+
+def _stream_seed(seed: int, epoch: int, rank: int, salt: int) -> int:
+    """A 63-bit seed for the device sampler's generator (distinct from the
+    trainer's per-epoch torch seed, which drives dropout)."""
+    h = (int(seed) * 1_000_003 + int(epoch) * 7919 + int(rank) * 104_729) % (2 ** 61 - 1)
+    return (h * 6_364_136_223_846_793_005 + int(salt) * 1_442_695_040_888_963_407) \
+        % (2 ** 63 - 1)
+
+
+class DeviceNeighborSampler:
+    """Neighbour sampling of one graph held on ``device``: the batches of
+    :func:`make_loader` (PyG's :class:`~torch_geometric.loader.NeighborLoader`
+    with :class:`TorchNeighborSampler`) built on the device, without worker
+    processes or host copies.
+
+    The graph's CSC (``colptr``, ``row``, and the edge permutation of
+    ``e_id``), its node attributes (``x``, ``y``, the masks) and edge
+    attributes are moved to ``device`` once; every batch is sampled with
+    :func:`sample_neighbors_device` (one host sync) and its attributes are
+    gathered there (``x[n_id]``).  A batch has the NeighborLoader's layout:
+    the first ``batch_size`` nodes are the seeds (in order), ``edge_index`` is
+    sorted by target, with ``n_id``, ``e_id``, ``input_id``, ``batch_size``,
+    ``num_sampled_nodes`` / ``num_sampled_edges``.
+
+    Args:
+        data: the graph (a :class:`~torch_geometric.data.Data`).
+        num_neighbors: fan-out per hop (``-1`` = all).
+        device: where to sample.
+        csc: optional ``(colptr, row, perm)`` of ``data`` (e.g. a
+            :class:`TorchNeighborSampler`'s, so that both samplers list the
+            in-edges in the same order); computed otherwise.
+    """
+
+    def __init__(self, data, num_neighbors: Sequence[int], device, csc=None,
+                 replace: bool = False):
+        from torch_geometric.sampler.utils import to_csc as pyg_to_csc
+        self.device = torch.device(device)
+        self.num_neighbors = [int(k) for k in num_neighbors]
+        self.replace = bool(replace)
+        N = int(data.num_nodes)
+        if csc is None:
+            csc = pyg_to_csc(data, device=torch.device("cpu"))
+        colptr, row, perm = csc
+        dev = self.device
+        self.num_nodes = N
+        self.colptr = colptr.to(dev, torch.long)
+        self.row = row.to(dev)
+        self.perm = perm.to(dev) if perm is not None else None
+        self.node_attrs: Dict[str, Tensor] = {}
+        self.edge_attrs: Dict[str, Tensor] = {}
+        for key, value in data.items():
+            if key == "edge_index" or not isinstance(value, Tensor):
+                continue
+            if data.is_node_attr(key):
+                self.node_attrs[key] = value.to(dev)
+            elif data.is_edge_attr(key):
+                self.edge_attrs[key] = value.to(dev)
+        self._has_num_nodes = "num_nodes" in data._store
+        self.assoc = torch.full((N + 1,), -1, dtype=torch.long, device=dev)
+        self.max_degree = int((self.colptr[1:] - self.colptr[:-1]).max()) if N else 0
+
+    @staticmethod
+    def graph_bytes(data) -> int:
+        """Bytes this sampler keeps on the device for ``data``: ``colptr``, the
+        ``[N + 1]`` id buffer, ``row`` and the edge permutation (int64) and every
+        node / edge attribute."""
+        N, E = int(data.num_nodes), int(data.num_edges)
+        n = 8 * (2 * (N + 2) + 2 * E)
+        for key, value in data.items():
+            if key != "edge_index" and isinstance(value, Tensor):
+                n += value.numel() * value.element_size()
+        return n
+
+    def generator(self, seed: int) -> torch.Generator:
+        """A generator on the sampling device seeded with ``seed``."""
+        return torch.Generator(device=self.device).manual_seed(int(seed))
+
+    def sample(self, seed: Tensor, generator: Optional[torch.Generator] = None):
+        """The :class:`~torch_geometric.sampler.SamplerOutput` around ``seed``
+        (trusted: distinct ids of this graph)."""
+        return sample_neighbors_device(self.colptr, self.row, seed, self.num_neighbors,
+                                       self.replace, generator, assoc=self.assoc,
+                                       check=False, max_degree=self.max_degree)
+
+    def batch(self, seed: Tensor, generator: Optional[torch.Generator] = None,
+              input_id: Optional[Tensor] = None):
+        """The sampled subgraph around ``seed`` as a NeighborLoader batch."""
+        from torch_geometric.data import Data
+        seed = seed.to(self.device)
+        out = self.sample(seed, generator)
+        data = Data()
+        for key, value in self.node_attrs.items():
+            data[key] = value.index_select(0, out.node)
+        data.edge_index = torch.stack([out.row, out.col])
+        e_id = self.perm[out.edge] if self.perm is not None else out.edge
+        for key, value in self.edge_attrs.items():
+            data[key] = value.index_select(0, e_id)
+        if self._has_num_nodes:
+            data.num_nodes = out.node.numel()
+        data.n_id = out.node
+        data.e_id = e_id
+        data.num_sampled_nodes = out.num_sampled_nodes   # host lists (read in the sync)
+        data.num_sampled_edges = out.num_sampled_edges
+        data.input_id = (input_id if input_id is not None
+                         else torch.arange(seed.numel(), device=self.device))
+        data.batch_size = seed.numel()
+        return data
+
+    def loader(self, input_nodes: Tensor, batch_size: int,
+               generator: Optional[torch.Generator] = None,
+               transform: Optional[Callable] = None) -> "DeviceNeighborLoader":
+        """Batches of ``batch_size`` consecutive ``input_nodes`` (the last one
+        smaller), sampled when iterated."""
+        return DeviceNeighborLoader(self, input_nodes, batch_size, generator, transform)
+
+
+class DeviceNeighborLoader:
+    """Iterable of :meth:`DeviceNeighborSampler.batch` over consecutive slices of
+    ``input_nodes`` (make_loader's batches: same seeds, same ``input_id``);
+    each batch is sampled when it is asked for (a capped epoch samples no more)."""
+
+    def __init__(self, sampler: DeviceNeighborSampler, input_nodes: Tensor, batch_size: int,
+                 generator: Optional[torch.Generator] = None,
+                 transform: Optional[Callable] = None):
+        if batch_size <= 0:
+            raise ValueError(f"'batch_size' must be > 0, got {batch_size}")
+        self.sampler = sampler
+        self.input_nodes = input_nodes.long().to(sampler.device, non_blocking=True)
+        self.batch_size = int(batch_size)
+        self.generator = generator
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return math.ceil(self.input_nodes.numel() / self.batch_size)
+
+    def __iter__(self):
+        n, bs, dev = self.input_nodes.numel(), self.batch_size, self.sampler.device
+        for a in range(0, n, bs):
+            b = min(a + bs, n)
+            batch = self.sampler.batch(self.input_nodes[a:b], self.generator,
+                                       torch.arange(a, b, device=dev))
+            yield batch if self.transform is None else self.transform(batch)
 
 
 # ----------------------------------------------------------------------------
@@ -422,12 +758,20 @@ class SampledNodeTraining:
     def __init__(self, run, transform: Optional[Callable] = None):
         self.run = run
         cfg = run.cfg
-        self.data = run.bundle.data  # stays on the CPU; batches are moved
+        self.data = run.bundle.data  # stays on the CPU (sample_on=cuda: a copy on the device)
         self.fanout = list(cfg.data.num_neighbors)
         self.batch_size = cfg.batch_size
         self.transform = transform
+        on_device, why = self._sample_on_device()
         self.sampler = TorchNeighborSampler(self.data, self.fanout,
-                                            share_memory=cfg.data.num_workers > 0)
+                                            share_memory=cfg.data.num_workers > 0
+                                            and not on_device)
+        #: data.sample_on=cuda: the graph on the device, batches sampled there
+        self.device_sampler: Optional[DeviceNeighborSampler] = None
+        if on_device:   # the CPU sampler's CSC: both list the in-edges in the same order
+            self.device_sampler = DeviceNeighborSampler(
+                self.data, self.fanout, run.device,
+                csc=(self.sampler.colptr, self.sampler.row, self.sampler.perm))
         self.index = {s: torch.nonzero(self.data[f"{s}_mask"]).flatten()
                       for s in ("train", "val", "test")}
         self.eval_mode = "sampled" if cfg.data.eval == "auto" else cfg.data.eval
@@ -439,16 +783,64 @@ class SampledNodeTraining:
         if n_tr < w:
             raise ValueError(f"data.loader=neighbor: {n_tr} training nodes cannot be split "
                              f"over {w} ranks")
-        run.log(f"sampling: NeighborLoader, num_neighbors={self.fanout}, batch_size="
-                f"{self.batch_size} seed nodes per rank, sampler {self.sampler.backend}"
-                + (" (pyg-lib / torch-sparse not installed: vectorised PyTorch sampler)"
-                   if self.sampler.backend == "torch" else "")
+        run.log(f"sampling: on {run.device if on_device else 'the CPU'} "
+                f"(data.sample_on={cfg.data.sample_on}: {why})")
+        if on_device:
+            head = (f"sampling: on the device ({run.device}), num_neighbors={self.fanout}, "
+                    f"batch_size={self.batch_size} seed nodes per rank, vectorised PyTorch "
+                    "sampler (1 host sync per batch, no worker processes)")
+        else:
+            head = (f"sampling: NeighborLoader, num_neighbors={self.fanout}, batch_size="
+                    f"{self.batch_size} seed nodes per rank, sampler {self.sampler.backend}"
+                    + (" (pyg-lib / torch-sparse not installed: vectorised PyTorch sampler)"
+                       if self.sampler.backend == "torch" else ""))
+        run.log(head
                 + f"; train seeds {n_tr // w} per rank x {w}, eval = "
                 + {"sampled": f"sampled inference on val/test seeds ({self.eval_batch_size} "
                               "per batch)",
                    "layerwise": f"layer-wise full-graph inference ({self.eval_batch_size} "
                                 "target nodes per chunk)",
                    "full": "one full-graph forward on the device"}[self.eval_mode])
+
+    #: ``data.sample_on=auto``: sample on the device when the graph takes at most
+    #: this fraction of the device's free memory
+    AUTO_FRACTION = 0.25
+
+    def _sample_on_device(self):
+        """``(on_device, why)`` for ``data.sample_on`` (auto: CUDA and the graph
+        fits :attr:`AUTO_FRACTION` of the free memory, agreed by every rank)."""
+        run = self.run
+        mode, dev = run.cfg.data.sample_on, run.device
+        if mode == "cpu":
+            return False, "as configured"
+        if dev.type != "cuda":
+            if mode == "cuda":   # check_environment refuses this before anything is loaded
+                from .config import ConfigError
+                raise ConfigError(f"data.sample_on: 'cuda' but the run's device is {dev}; "
+                                  "use data.sample_on=auto or cpu")
+            return False, f"the run's device is {dev}"
+        need = DeviceNeighborSampler.graph_bytes(self.data)
+        free = torch.cuda.mem_get_info(dev)[0]
+        size = (f"the graph's CSC, features and labels take {need / 2 ** 30:.2f} GiB, "
+                f"{100 * need / max(free, 1):.1f}% of the {free / 2 ** 30:.1f} GiB free")
+        if mode == "cuda":
+            return True, size
+        fits = need <= self.AUTO_FRACTION * free
+        if D.any_flag(not fits, dev):
+            return False, (size + f" > {100 * self.AUTO_FRACTION:.0f}%" if not fits else
+                           "another rank's device has too little free memory for the graph")
+        return True, size + f" <= {100 * self.AUTO_FRACTION:.0f}%"
+
+    def _loader(self, idx: Tensor, batch_size: int, stream: int):
+        """Batches around the seeds ``idx``: on the device (``stream`` seeds its
+        generator) or PyG's NeighborLoader."""
+        run = self.run
+        if self.device_sampler is not None:
+            g = self.device_sampler.generator(_stream_seed(run.cfg.seed, stream,
+                                                           run.dist.rank, 0x5A4D))
+            return self.device_sampler.loader(idx, batch_size, g, self.transform)
+        return make_loader(self.data, self.sampler, idx, batch_size,
+                           run.cfg.data.num_workers, self.transform)
 
     def _batches(self, loader, desc: Optional[str]):
         if desc is not None and self.run.progress:
@@ -465,8 +857,7 @@ class SampledNodeTraining:
         d = run.dist
         run.model.train()
         seeds = seed_shard(self.index["train"], run.cfg.seed, epoch, d.rank, d.world_size)
-        loader = make_loader(self.data, self.sampler, seeds, self.batch_size,
-                             run.cfg.data.num_workers, self.transform)
+        loader = self._loader(seeds, self.batch_size, epoch)
         counter = ConfusionCounter(run.bundle.num_classes, run.device)
         loss_sum = torch.zeros(2, dtype=torch.float64, device=run.device)
         steps_full = math.ceil(seeds.numel() / self.batch_size)
@@ -503,8 +894,8 @@ class SampledNodeTraining:
         model = run.model.module if hasattr(run.model, "module") else run.model
         model.eval()
         idx = self.index[split][d.rank::d.world_size]
-        loader = make_loader(self.data, self.sampler, idx, self.eval_batch_size,
-                             run.cfg.data.num_workers, self.transform)
+        # on the device: the same subgraphs at every evaluation (epoch -1 / -2)
+        loader = self._loader(idx, self.eval_batch_size, -1 if split == "val" else -2)
         counter = ConfusionCounter(run.bundle.num_classes, run.device)
         loss_sum = torch.zeros(2, dtype=torch.float64, device=run.device)
         for batch in loader:
@@ -529,20 +920,27 @@ class SampledNodeTraining:
         model = run.net
         model.eval()
         with run._autocast():
+            ds = self.device_sampler
             if self.eval_mode == "layerwise":
+                if ds is not None:   # the graph is on the device already
+                    return layerwise_inference(model, ds.node_attrs["x"], ds.colptr, ds.row,
+                                               self.eval_batch_size, device=run.device)
                 return layerwise_inference(model, self.data.x, self.sampler.colptr,
                                            self.sampler.row, self.eval_batch_size,
                                            device=run.device)
             if self._device_graph is None:
-                self._device_graph = (self.data.x.to(run.device),
+                self._device_graph = (ds.node_attrs["x"] if ds is not None
+                                      else self.data.x.to(run.device),
                                       self.data.edge_index.to(run.device))
             return run.eval_model(*self._device_graph)
 
     def _split_metrics(self, out: Tensor, split: str) -> Dict[str, float]:
         run = self.run
         if self._device_labels is None:
-            self._device_labels = {k: self.data[k].to(run.device) for k in
-                                   ("y", "train_mask", "val_mask", "test_mask")}
+            ds = self.device_sampler
+            self._device_labels = {k: ds.node_attrs[k] if ds is not None
+                                   else self.data[k].to(run.device)
+                                   for k in ("y", "train_mask", "val_mask", "test_mask")}
         mask = self._device_labels[f"{split}_mask"]
         o, y = out[mask].float(), self._device_labels["y"][mask]
         counter = ConfusionCounter(run.bundle.num_classes, run.device)

@@ -69,7 +69,7 @@ class TrainingDiverged(TrainingError):
 #: produced by those values, so changing them would mislabel or mix two runs.
 RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_dir", "resume",
                   "device", "name", "eval_test_every", "log.progress", "log.every",
-                  "checkpoint.enabled", "data.num_workers", "data.prepare_graphs", "data.batcher", "optimizer.implementation",
+                  "checkpoint.enabled", "data.num_workers", "data.sample_on", "data.prepare_graphs", "data.batcher", "optimizer.implementation",
                   "compile.enabled", "compile.dynamic", "compile.mode", "compile.backend",
                   "compile.fullgraph", "memory_check")
 
