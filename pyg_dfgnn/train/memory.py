@@ -35,7 +35,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["MemoryEstimate", "estimate_memory", "estimate_for_config", "device_free_bytes",
+__all__ = ["MemoryEstimate", "estimate_memory", "estimate_for_config",
+           "device_sampling_bytes", "samples_on_device", "device_free_bytes",
            "check_fits", "LAYER_CONSTANTS", "format_bytes"]
 
 #: per model: (k_node: [N, D] tensors saved per layer, k_msg: [E', D] tensors
@@ -124,18 +125,54 @@ def estimate_memory(mcfg, backend: str, num_nodes: int, num_edges: int, in_dim: 
     return MemoryEstimate(backend, N, E, parts)
 
 
+def device_sampling_bytes(num_nodes: int, num_edges: int, in_dim: int,
+                          categorical: bool = False) -> int:
+    """Bytes the device sampler (``data.sample_on: cuda``) keeps on the device
+    for a graph of these sizes: the CSC (``colptr``, an ``[N + 1]`` id buffer,
+    ``row``, the edge permutation; int64), the features, int64 labels and the
+    three split masks (sampling.py: ``DeviceNeighborSampler.graph_bytes`` of
+    the loaded graph)."""
+    N, E = int(num_nodes), int(num_edges)
+    return 8 * (2 * (N + 2) + 2 * E) + N * (8 if categorical else 4 * int(in_dim)) + 8 * N \
+        + 3 * N
+
+
+def samples_on_device(cfg, device: Optional[torch.device], nbytes: int) -> bool:
+    """Whether a ``data.loader=neighbor`` run keeps the graph on ``device`` for
+    sampling: ``data.sample_on`` = ``cuda``, or ``auto`` on CUDA when the graph
+    takes at most ``SampledNodeTraining.AUTO_FRACTION`` of the free memory
+    (the rule the run applies)."""
+    mode = getattr(cfg.data, "sample_on", "cpu")
+    if cfg.data.loader != "neighbor" or mode == "cpu" or device is None \
+            or device.type != "cuda":
+        return False
+    if mode == "cuda":
+        return True
+    from .sampling import SampledNodeTraining
+    free, _ = device_free_bytes(device)
+    return free is None or nbytes <= SampledNodeTraining.AUTO_FRACTION * free
+
+
 def estimate_for_config(cfg, in_dim: int, num_classes: int, num_params: int,
                         num_nodes: int, num_edges: int, categorical: bool = False,
-                        elem_bytes: int = 4) -> MemoryEstimate:
+                        elem_bytes: int = 4,
+                        device: Optional[torch.device] = None) -> MemoryEstimate:
     """The estimate of one step of the run ``cfg`` on a graph of ``num_nodes`` /
-    ``num_edges`` (the sampled subgraph's bound with ``data.loader=neighbor``)."""
+    ``num_edges`` (the sampled subgraph's bound with ``data.loader=neighbor``,
+    plus the whole graph when it is sampled on ``device``)."""
+    held = 0
     if cfg.data.loader == "neighbor":
         from .sampling import expected_subgraph_size
+        nbytes = device_sampling_bytes(num_nodes, num_edges, in_dim, categorical)
+        held = nbytes if samples_on_device(cfg, device, nbytes) else 0
         s = expected_subgraph_size(cfg.batch_size, cfg.data.num_neighbors, num_nodes,
                                    num_edges)
         num_nodes, num_edges = s["nodes"], s["edges"]
-    return estimate_memory(cfg.model, cfg.backend, num_nodes, num_edges, in_dim, num_classes,
-                           num_params, elem_bytes=elem_bytes, categorical=categorical)
+    est = estimate_memory(cfg.model, cfg.backend, num_nodes, num_edges, in_dim, num_classes,
+                          num_params, elem_bytes=elem_bytes, categorical=categorical)
+    if held:
+        est.parts["graph held for device sampling"] = float(held)
+    return est
 
 
 def device_free_bytes(device: torch.device) -> Tuple[Optional[int], str]:
@@ -200,8 +237,8 @@ def dry_run(cfg, log=print) -> Dict[str, Any]:
             N, E = int(b.data.num_nodes), int(b.data.num_edges)
     model = build_model(cfg.model, in_dim, num_classes, categorical, cfg.backend)
     P = count_parameters(model)
-    est = estimate_for_config(cfg, in_dim, num_classes, P, N, E, categorical)
     device = resolve_device(cfg.device)
+    est = estimate_for_config(cfg, in_dim, num_classes, P, N, E, categorical, device=device)
     fits, msg = check_fits(est, device)
     log(f"dry run: {cfg.name}: graph {N:,} nodes / {E:,} edges, model {cfg.model.name} "
         f"{P:,} parameters, backend {cfg.backend}")

@@ -421,7 +421,7 @@ class _Run:
         else:
             n, e = int(b.data.num_nodes), int(b.data.num_edges)
         est = estimate_for_config(self.cfg, b.in_dim, b.num_classes, self.num_params, n, e,
-                                  b.categorical)
+                                  b.categorical, device=self.device)
         fits, msg = check_fits(est, self.device)
         self.memory_estimate = est.total
         refuse = D.any_flag(not fits and self.cfg.memory_check, self.device)

@@ -105,3 +105,29 @@ def test_refusal_at_start_and_override(tmp_path, capsys, monkeypatch):
     assert main(_tiny(tmp_path, "memory_check=false", "--overwrite")) == 0
     out = capsys.readouterr().out
     assert "warning (memory_check=false): the run would not fit" in out
+
+
+def test_estimate_counts_the_graph_held_for_device_sampling():
+    """data.sample_on=cuda keeps the whole graph on the device: the estimate
+    adds exactly what the device sampler holds (DeviceNeighborSampler.graph_bytes)."""
+    from pyg_dfgnn.data import synthetic
+    from pyg_dfgnn.train.sampling import DeviceNeighborSampler
+    from torch_geometric.data import Data
+    N, E, F_in = 300, 2000, 16
+    ei = synthetic.uniform_graph(N, E, 0)
+    masks = {k: torch.zeros(N, dtype=torch.bool) for k in ("train_mask", "val_mask", "test_mask")}
+    data = Data(x=torch.randn(N, F_in), y=torch.zeros(N, dtype=torch.long), edge_index=ei,
+                **masks)
+    assert memory.device_sampling_bytes(N, ei.size(1), F_in) == \
+        DeviceNeighborSampler.graph_bytes(data)
+    base = load_config(str(CONFIGS / "powerlaw_gat_sampled.yaml"))
+    on = load_config(str(CONFIGS / "powerlaw_gat_sampled.yaml"), ["data.sample_on=cuda"])
+    off = load_config(str(CONFIGS / "powerlaw_gat_sampled.yaml"), ["data.sample_on=cpu"])
+    n, e = base.data.num_nodes, base.data.num_edges
+    cuda = torch.device("cuda")
+    held = memory.estimate_for_config(on, 64, 8, 1000, n, e, device=cuda)
+    assert held.parts["graph held for device sampling"] == memory.device_sampling_bytes(n, e, 64)
+    for cfg, dev in ((off, cuda), (on, torch.device("cpu")), (on, None)):
+        est = memory.estimate_for_config(cfg, 64, 8, 1000, n, e, device=dev)
+        assert "graph held for device sampling" not in est.parts
+        assert est.total < held.total
