@@ -79,7 +79,8 @@ def main(argv=None):
     n = a.steps * 2 + 5
     print(f"   graph cache per step: {(_g._cache.hits - h0) / n:.1f} hits, "
           f"{(_g._cache.misses - m0) / n:.1f} misses", flush=True)
-    print(f"{Path(a.config).stem} {a.backend}{' store' if a.store else ''}{' compiled' if a.compile else ''}: {wall:.2f} ms/step "
+    mode = (" store" if a.store else "") + (" compiled" if a.compile else "")
+    print(f"{Path(a.config).stem} {a.backend}{mode}: {wall:.2f} ms/step "
           f"wall, {gpu:.2f} ms/step GPU kernels ({100 * gpu / wall:.0f}% busy), batch of "
           f"{a.graphs} graphs ({b.num_nodes} nodes, {b.edge_index.size(1)} edges)", flush=True)
     # host-device synchronisations per step (CUDA runtime calls that wait)
