@@ -128,3 +128,17 @@ def test_fused_ops_fullgraph():
     torch.testing.assert_close(out, expect)
     for a, b in zip(torch.autograd.grad(out, args), expect_grads):
         torch.testing.assert_close(a, b)
+
+
+def test_compiled_layer_reports_bad_edge_index():
+    """The conversion inside the compiled op validates as the eager path does:
+    an out-of-range index is a ValueError naming edge_index, not a crash."""
+    torch.manual_seed(0)
+    conv = TransformerConv(F_IN, 4, heads=2)
+    x = torch.randn(N, F_IN)
+    bad = random_edge_index(N, N, E, seed=6)
+    bad[0, 3] = N + 5
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, dynamic=True, backend="aot_eager")
+    with pytest.raises(ValueError, match="edge_index"):
+        compiled(x, bad)
