@@ -286,9 +286,23 @@ def _impls(t: Tensor):
     return ((lambda *a: attention_fwd(*a)), (lambda *a: attention_bwd(*a)))
 
 
+#: the ops on an edge_index look the CSR up in Python when they run, which a
+#: CUDA graph replay would skip (it would reuse the first batch's CSR): Inductor
+#: must not capture them (``compile.mode=reduce-overhead`` partitions the graph
+#: around them or runs without CUDA graphs)
+_GRAPH_OP_TAGS = ((torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe")
+                  else ())
+
+
 def _resolved(kind: int, edge_index: Tensor, num_src: int, num_dst: int, self_loops: int,
               feat: Tensor, heads: int):
     """The cached CSR conversion of ``edge_index`` and its schedule."""
+    if edge_index.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "pyg_dfgnn: dfgnn::graph_attention_fwd/bwd look the graph up when they run and "
+            "cannot be captured in a CUDA graph (a replay would reuse the captured batch's "
+            "graph); use torch.compile mode 'default' or 'max-autotune-no-cudagraphs', or "
+            "call the CSR op (dfgnn::attention_fwd) on a prepared CSRGraph")
     from ..graph import GraphRef
     from ..schedule import plan_for
     graph = GraphRef(edge_index, num_src, num_dst,
@@ -297,7 +311,7 @@ def _resolved(kind: int, edge_index: Tensor, num_src: int, num_dst: int, self_lo
     return graph, plan
 
 
-@torch.library.custom_op("dfgnn::graph_attention_fwd", mutates_args=())
+@torch.library.custom_op("dfgnn::graph_attention_fwd", mutates_args=(), tags=_GRAPH_OP_TAGS)
 def graph_attention_fwd(kind: int, edge_index: Tensor, num_src: int, num_dst: int,
                         self_loops: int, dst_feat: Tensor, src_feat: Tensor,
                         value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],
@@ -330,7 +344,7 @@ def _graph_attention_fwd_fake(kind, edge_index, num_src, num_dst, self_loops, ds
     return out, src_feat.new_empty((2, num_dst, shp[1]), dtype=lse_dt)
 
 
-@torch.library.custom_op("dfgnn::graph_attention_bwd", mutates_args=())
+@torch.library.custom_op("dfgnn::graph_attention_bwd", mutates_args=(), tags=_GRAPH_OP_TAGS)
 def graph_attention_bwd(kind: int, edge_index: Tensor, num_src: int, num_dst: int,
                         self_loops: int, dst_feat: Tensor, src_feat: Tensor,
                         value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],

@@ -39,3 +39,12 @@ def test_opcheck_graph_attention(kind, loops):
     ref = fused.attention_fwd(*op_args(k, g, inp))
     torch.testing.assert_close(out, ref[0], rtol=0, atol=0)
     torch.testing.assert_close(lse, ref[1], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not hasattr(torch.Tag, "cudagraph_unsafe"), reason="torch without the tag")
+def test_graph_attention_is_not_cuda_graph_captured():
+    """The ops on an edge_index look the graph up in Python when they run: a
+    CUDA-graph replay would reuse the captured batch's CSR, so Inductor must
+    not capture them (compile mode reduce-overhead)."""
+    for op in (torch.ops.dfgnn.graph_attention_fwd, torch.ops.dfgnn.graph_attention_bwd):
+        assert torch.Tag.cudagraph_unsafe in op.default.tags
