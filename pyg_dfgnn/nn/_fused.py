@@ -398,11 +398,14 @@ def resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
     under torch.compile, where a plain ``edge_index`` tensor becomes a
     :class:`~pyg_dfgnn.graph.GraphRef` that the fused op converts when it runs
     (no graph break)."""
-    if torch.compiler.is_compiling():
-        ref = _traceable_ref(edge_index, size, num_src, num_dst, loops, edge_attr,
-                             use_edge_attr, need_adj)
-        if ref is not None:
-            return Adjacency(ref, edge_attr if use_edge_attr else None, edge_index)
+    if not torch.compiler.is_compiling():   # eager: no torch.compiler.disable wrapper
+        return _resolve_adjacency(edge_index, size, num_src, num_dst, loops=loops,
+                                  fill_value=fill_value, edge_attr=edge_attr,
+                                  use_edge_attr=use_edge_attr, need_adj=need_adj)
+    ref = _traceable_ref(edge_index, size, num_src, num_dst, loops, edge_attr,
+                         use_edge_attr, need_adj)
+    if ref is not None:
+        return Adjacency(ref, edge_attr if use_edge_attr else None, edge_index)
     return _resolve_adjacency_eager(edge_index, size, num_src, num_dst, loops=loops,
                                     fill_value=fill_value, edge_attr=edge_attr,
                                     use_edge_attr=use_edge_attr, need_adj=need_adj)

@@ -266,10 +266,14 @@ def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
     on other devices."""
     src_feat = args[8]
     if src_feat.dtype != torch.float64 and not torch.compiler.is_compiling():
-        if src_feat.is_cuda:
-            return EagerAttention.apply(*args)
-        if src_feat.device.type == "cpu":
-            return EagerAttentionCPU.apply(*args)
+        dev = src_feat.device.type
+        if dev in ("cuda", "cpu"):
+            # no gradient to record (inference, validation): the implementation
+            # itself, without the autograd Function's Python wrapper
+            if not (torch.is_grad_enabled() and any(
+                    isinstance(t, Tensor) and t.requires_grad for t in args[7:12])):
+                return (_attention_fwd_cuda if dev == "cuda" else _attention_fwd_cpu)(*args)
+            return (EagerAttention if dev == "cuda" else EagerAttentionCPU).apply(*args)
     return attention_fwd(*args)
 
 
