@@ -62,7 +62,8 @@ def test_auto_group_and_split():
     # narrow heads: F = 3 pads to 4 (one float4), one lane; GAT (kind 0) keeps 4
     assert schedule.auto_group(3, torch.float32) == 1
     assert schedule.auto_group(3, torch.float32, kind=0) == 4
-    assert schedule.auto_group(10, torch.float32) == 2      # 12 = 3 float4 -> 2 lanes x 2
+    assert schedule.auto_group(10, torch.float32) == 4      # 10 = 5 float2 -> 4 lanes x 2 (no copy)
+    assert schedule.auto_group(12, torch.float32) == 2      # 12 = 3 float4 -> 2 lanes x 2
     assert schedule.auto_group(19, torch.float32) == 4      # 20 = 5 float4 -> 3 -> 4 lanes
     assert schedule.auto_group(256, torch.bfloat16) == 32
     assert schedule.auto_group(64, torch.bfloat16) == 8
