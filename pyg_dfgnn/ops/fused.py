@@ -298,6 +298,17 @@ _GRAPH_OP_TAGS = ((torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph
                   else ())
 
 
+def _graph_op(name: str):
+    """``torch.library.custom_op(name)`` with :data:`_GRAPH_OP_TAGS` where this
+    torch's ``custom_op`` takes tags (the capture check in :func:`_resolved`
+    guards either way)."""
+    import inspect
+    kw = {"tags": _GRAPH_OP_TAGS} if (
+        _GRAPH_OP_TAGS and "tags" in inspect.signature(torch.library.custom_op).parameters) \
+        else {}
+    return torch.library.custom_op(name, mutates_args=(), **kw)
+
+
 def _resolved(kind: int, edge_index: Tensor, num_src: int, num_dst: int, self_loops: int,
               feat: Tensor, heads: int):
     """The cached CSR conversion of ``edge_index`` and its schedule."""
@@ -315,7 +326,7 @@ def _resolved(kind: int, edge_index: Tensor, num_src: int, num_dst: int, self_lo
     return graph, plan
 
 
-@torch.library.custom_op("dfgnn::graph_attention_fwd", mutates_args=(), tags=_GRAPH_OP_TAGS)
+@_graph_op("dfgnn::graph_attention_fwd")
 def graph_attention_fwd(kind: int, edge_index: Tensor, num_src: int, num_dst: int,
                         self_loops: int, dst_feat: Tensor, src_feat: Tensor,
                         value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],
@@ -348,7 +359,7 @@ def _graph_attention_fwd_fake(kind, edge_index, num_src, num_dst, self_loops, ds
     return out, src_feat.new_empty((2, num_dst, shp[1]), dtype=lse_dt)
 
 
-@torch.library.custom_op("dfgnn::graph_attention_bwd", mutates_args=(), tags=_GRAPH_OP_TAGS)
+@_graph_op("dfgnn::graph_attention_bwd")
 def graph_attention_bwd(kind: int, edge_index: Tensor, num_src: int, num_dst: int,
                         self_loops: int, dst_feat: Tensor, src_feat: Tensor,
                         value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],
