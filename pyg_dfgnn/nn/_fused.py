@@ -251,6 +251,13 @@ def _looped_index(edge_index: Tensor, num_nodes: int) -> Tensor:
 def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
                   num_dst: Optional[int]) -> Tuple[int, int]:
     """``(num_src, num_dst)`` exactly as PyG's ``propagate`` infers them."""
+    s = _pick_sizes(edge_index, size, num_src, num_dst)
+    return int(s[0]), int(s[1])
+
+
+def _pick_sizes(edge_index: Any, size: Any, num_src: Any, num_dst: Any) -> list:
+    """:func:`resolve_sizes` without the ``int`` conversion (symbolic sizes
+    stay symbolic under torch.compile; ``None`` where nothing gives a size)."""
     if isinstance(edge_index, EdgeIndex):
         s = [edge_index.num_rows, edge_index.num_cols]
     elif is_sparse_tensor(edge_index) or is_torch_sparse(edge_index):
@@ -265,7 +272,7 @@ def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
         s[0] = s[1]
     if s[1] is None:
         s[1] = s[0]
-    return int(s[0]), int(s[1])
+    return s
 
 
 def check_sparse_loops(edge_index: Any, edge_dim: Optional[int]) -> None:
@@ -377,14 +384,7 @@ def _traceable_ref(edge_index: Any, size: Any, num_src: Optional[int],
         return None   # looped edge features are built from the converted graph
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         return None   # the eager path raises PyG's error
-    ns = size[0] if size is not None and size[0] is not None else None
-    nd = size[1] if size is not None and size[1] is not None else None
-    ns = ns if ns is not None else num_src
-    nd = nd if nd is not None else num_dst
-    if ns is None:
-        ns = nd
-    if nd is None:
-        nd = ns
+    ns, nd = _pick_sizes(edge_index, size, num_src, num_dst)
     if ns is None:
         return None   # sizes from the indices' maximum: data-dependent
     return GraphRef(edge_index, ns, nd, loops)

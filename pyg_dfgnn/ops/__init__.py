@@ -119,29 +119,18 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
          negative_slope: float, dropout: float, return_alpha: bool
          ) -> Tuple[Tensor, Optional[Tensor]]:
     seed = _seed(dropout, graph.device)
+    feats = tuple(t.contiguous() if t is not None else None
+                  for t in (dst_feat, src_feat, value, edge, att))
+    floats = (float(scale), float(negative_slope), float(dropout))
     if isinstance(graph, GraphRef):  # torch.compile: the op converts edge_index itself
         if return_alpha:
             raise ValueError("'return_alpha' needs a CSRGraph, not a GraphRef")
-        out = fused.graph_attention(
-            kind, graph, dst_feat.contiguous(), src_feat.contiguous(),
-            value.contiguous() if value is not None else None,
-            edge.contiguous() if edge is not None else None,
-            att.contiguous() if att is not None else None, float(scale),
-            float(negative_slope), float(dropout), seed)
-        return out, None
-    from ..schedule import plan_for
-    dt = src_feat.dtype
-    heads = src_feat.size(1)
-    feat = (value if value is not None else src_feat)
-    plan = plan_for(graph, kind, feat.size(-1) if feat.dim() == 3 else 1, heads, dt)
+        return fused.graph_attention(kind, graph, *feats, *floats, seed), None
+    plan = fused.plan_of(graph, kind, src_feat, value)
     out, _lse, alpha = fused.attention(
         kind, graph.rowptr, graph.col, graph.perm, graph.t_rowptr, graph.t_col,
-        graph.t_perm, dst_feat.contiguous(), src_feat.contiguous(),
-        value.contiguous() if value is not None else None,
-        edge.contiguous() if edge is not None else None,
-        att.contiguous() if att is not None else None, float(scale), float(negative_slope),
-        float(dropout), seed, bool(return_alpha), plan.sched, plan.work, plan.merge,
-        plan.t_work, plan.t_merge)
+        graph.t_perm, *feats, *floats, seed, bool(return_alpha), plan.sched, plan.work,
+        plan.merge, plan.t_work, plan.t_merge)
     return out, (alpha if return_alpha else None)
 
 

@@ -121,19 +121,24 @@ def _feat_shape(kind, src_feat, value):
     return (value if (value is not None and kind != ref.GATV2) else src_feat).shape
 
 
-@attention_fwd.register_fake
-def _attention_fwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
-                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                        need_alpha, sched, work, merge, t_work, t_merge):
-    nd = rowptr.shape[0] - 1
+def _fwd_outputs_like(kind, src_feat, value, num_dst, num_edges, need_alpha):
+    """Empty ``(out, lse, alpha)`` of a forward (the fake implementations)."""
     shp = _feat_shape(kind, src_feat, value)
     H, Fd = shp[1], shp[2]
     dt = _out_dtype(kind, src_feat, value)
     lse_dt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
-    out = src_feat.new_empty((nd, H, Fd), dtype=dt)
-    lse = src_feat.new_empty((2, nd, H), dtype=lse_dt)  # [row max m, log(l)]
-    alpha = src_feat.new_empty((col.shape[0], H) if need_alpha else (0,), dtype=dt)
+    out = src_feat.new_empty((num_dst, H, Fd), dtype=dt)
+    lse = src_feat.new_empty((2, num_dst, H), dtype=lse_dt)  # [row max m, log(l)]
+    alpha = src_feat.new_empty((num_edges, H) if need_alpha else (0,), dtype=dt)
     return out, lse, alpha
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
+                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                        need_alpha, sched, work, merge, t_work, t_merge):
+    return _fwd_outputs_like(kind, src_feat, value, rowptr.shape[0] - 1, col.shape[0],
+                             need_alpha)
 
 
 @torch.library.custom_op("dfgnn::attention_bwd", mutates_args=())
@@ -181,13 +186,18 @@ def _attention_bwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fea
                                   grad_out, sched, work, merge, t_work, t_merge))
 
 
+def _bwd_outputs_like(src_feat, *inputs):
+    """Empty gradients of ``(dst, src, value, edge, att)`` (the fake
+    implementations): like each input, a distinct empty tensor when absent."""
+    return [torch.empty_like(t) if t is not None else src_feat.new_empty((0,))
+            for t in inputs]
+
+
 @attention_bwd.register_fake
 def _attention_bwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                         src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
                         out, lse, grad_out, sched, work, merge, t_work, t_merge):
-    def like(t):
-        return torch.empty_like(t) if t is not None else src_feat.new_empty((0,))
-    return [like(dst_feat), like(src_feat), like(value), like(edge), like(att)]
+    return _bwd_outputs_like(src_feat, dst_feat, src_feat, value, edge, att)
 
 
 def _setup_context(ctx, inputs, output):
@@ -211,12 +221,17 @@ def _backward_with(bwd, ctx, grad_out):
     grads = bwd(ctx.kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
                 value, edge, att, ctx.scale, ctx.slope, ctx.p, seed, out, lse, grad_out,
                 ctx.sched, work, merge, t_work, t_merge)
+    return (None,) * 7 + _input_grads(grads, value, edge, att) + (None,) * 10
+
+
+def _input_grads(grads, value, edge, att) -> tuple:
+    """The backward's ``(d_dst, d_src, d_value, d_edge, d_att)`` with ``None``
+    for the absent inputs (their gradients are empty placeholders)."""
     d_dst, d_src, d_value, d_edge, d_att = grads
 
     def opt(t, x):
         return t if (x is not None and t.numel() == x.numel()) else None
-    return (None,) * 7 + (d_dst, d_src, opt(d_value, value), opt(d_edge, edge),
-                          opt(d_att, att)) + (None,) * 10
+    return (d_dst, d_src, opt(d_value, value), opt(d_edge, edge), opt(d_att, att))
 
 
 def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
@@ -309,8 +324,16 @@ def _graph_op(name: str):
     return torch.library.custom_op(name, mutates_args=(), **kw)
 
 
+def plan_of(graph, kind: int, src_feat: Tensor, value: Optional[Tensor]):
+    """The schedule (:func:`pyg_dfgnn.schedule.plan_for`) of one call."""
+    from ..schedule import plan_for
+    feat = value if value is not None else src_feat
+    return plan_for(graph, kind, feat.size(-1) if feat.dim() == 3 else 1, src_feat.size(1),
+                    src_feat.dtype)
+
+
 def _resolved(kind: int, edge_index: Tensor, num_src: int, num_dst: int, self_loops: int,
-              feat: Tensor, heads: int):
+              src_feat: Tensor, value: Optional[Tensor]):
     """The cached CSR conversion of ``edge_index`` and its schedule."""
     if edge_index.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
@@ -319,11 +342,9 @@ def _resolved(kind: int, edge_index: Tensor, num_src: int, num_dst: int, self_lo
             "graph); use torch.compile mode 'default' or 'max-autotune-no-cudagraphs', or "
             "call the CSR op (dfgnn::attention_fwd) on a prepared CSRGraph")
     from ..graph import GraphRef
-    from ..schedule import plan_for
     graph = GraphRef(edge_index, num_src, num_dst,
                      None if self_loops < 0 else self_loops).resolve()
-    plan = plan_for(graph, kind, feat.size(-1) if feat.dim() == 3 else 1, heads, feat.dtype)
-    return graph, plan
+    return graph, plan_of(graph, kind, src_feat, value)
 
 
 @_graph_op("dfgnn::graph_attention_fwd")
@@ -339,9 +360,7 @@ def graph_attention_fwd(kind: int, edge_index: Tensor, num_src: int, num_dst: in
     torch.compile traces a layer around it without a graph break.  Returns
     ``(out, lse)``; ``edge`` is in ``edge_index``'s order."""
     fwd, _ = _impls(src_feat)
-    heads = src_feat.size(1)
-    feat = value if value is not None else src_feat
-    graph, plan = _resolved(kind, edge_index, num_src, num_dst, self_loops, feat, heads)
+    graph, plan = _resolved(kind, edge_index, num_src, num_dst, self_loops, src_feat, value)
     out, lse, _ = fwd(kind, graph.rowptr, graph.col, graph.perm, graph.t_rowptr, graph.t_col,
                       graph.t_perm, dst_feat, src_feat, value, edge, att, scale,
                       negative_slope, dropout_p, seed, False, plan.sched, plan.work,
@@ -353,10 +372,7 @@ def graph_attention_fwd(kind: int, edge_index: Tensor, num_src: int, num_dst: in
 def _graph_attention_fwd_fake(kind, edge_index, num_src, num_dst, self_loops, dst_feat,
                               src_feat, value, edge, att, scale, negative_slope, dropout_p,
                               seed):
-    shp = _feat_shape(kind, src_feat, value)
-    lse_dt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
-    out = src_feat.new_empty((num_dst, shp[1], shp[2]), dtype=_out_dtype(kind, src_feat, value))
-    return out, src_feat.new_empty((2, num_dst, shp[1]), dtype=lse_dt)
+    return _fwd_outputs_like(kind, src_feat, value, num_dst, 0, False)[:2]
 
 
 @_graph_op("dfgnn::graph_attention_bwd")
@@ -368,9 +384,7 @@ def graph_attention_bwd(kind: int, edge_index: Tensor, num_src: int, num_dst: in
                         grad_out: Tensor) -> List[Tensor]:
     """Backward of :func:`graph_attention_fwd` (the conversion is a cache hit)."""
     _, bwd = _impls(src_feat)
-    heads = src_feat.size(1)
-    feat = value if value is not None else src_feat
-    graph, plan = _resolved(kind, edge_index, num_src, num_dst, self_loops, feat, heads)
+    graph, plan = _resolved(kind, edge_index, num_src, num_dst, self_loops, src_feat, value)
     return list(bwd(kind, graph.rowptr, graph.col, graph.perm, graph.t_rowptr, graph.t_col,
                     graph.t_perm, dst_feat, src_feat, value, edge, att, scale, negative_slope,
                     dropout_p, seed, out, lse, grad_out.contiguous(), plan.sched, plan.work,
@@ -381,9 +395,7 @@ def graph_attention_bwd(kind: int, edge_index: Tensor, num_src: int, num_dst: in
 def _graph_attention_bwd_fake(kind, edge_index, num_src, num_dst, self_loops, dst_feat,
                               src_feat, value, edge, att, scale, negative_slope, dropout_p,
                               seed, out, lse, grad_out):
-    def like(t):
-        return torch.empty_like(t) if t is not None else src_feat.new_empty((0,))
-    return [like(dst_feat), like(src_feat), like(value), like(edge), like(att)]
+    return _bwd_outputs_like(src_feat, dst_feat, src_feat, value, edge, att)
 
 
 def _graph_setup_context(ctx, inputs, output):
@@ -398,14 +410,10 @@ def _graph_setup_context(ctx, inputs, output):
 def _graph_backward(ctx, grad_out, _grad_lse):
     edge_index, dst_feat, src_feat, value, edge, att, seed, out, lse = ctx.saved_tensors
     kind, num_src, num_dst, self_loops, scale, slope, p = ctx.args
-    d_dst, d_src, d_value, d_edge, d_att = graph_attention_bwd(
+    grads = graph_attention_bwd(
         kind, edge_index, num_src, num_dst, self_loops, dst_feat, src_feat, value, edge, att,
         scale, slope, p, seed, out, lse, grad_out)
-
-    def opt(t, x):
-        return t if (x is not None and t.numel() == x.numel()) else None
-    return (None,) * 5 + (d_dst, d_src, opt(d_value, value), opt(d_edge, edge),
-                          opt(d_att, att)) + (None,) * 4
+    return (None,) * 5 + _input_grads(grads, value, edge, att) + (None,) * 4
 
 
 graph_attention_fwd.register_autograd(_graph_backward, setup_context=_graph_setup_context)

@@ -132,9 +132,10 @@ def device_sampling_bytes(num_nodes: int, num_edges: int, in_dim: int,
     ``row``, the edge permutation; int64), the features, int64 labels and the
     three split masks (sampling.py: ``DeviceNeighborSampler.graph_bytes`` of
     the loaded graph)."""
-    N, E = int(num_nodes), int(num_edges)
-    return 8 * (2 * (N + 2) + 2 * E) + N * (8 if categorical else 4 * int(in_dim)) + 8 * N \
-        + 3 * N
+    from .sampling import DeviceNeighborSampler
+    N = int(num_nodes)
+    return DeviceNeighborSampler.index_bytes(N, int(num_edges)) \
+        + N * (8 if categorical else 4 * int(in_dim)) + 8 * N + 3 * N
 
 
 def samples_on_device(cfg, device: Optional[torch.device], nbytes: int) -> bool:
@@ -149,8 +150,7 @@ def samples_on_device(cfg, device: Optional[torch.device], nbytes: int) -> bool:
     if mode == "cuda":
         return True
     from .sampling import SampledNodeTraining
-    free, _ = device_free_bytes(device)
-    return free is None or nbytes <= SampledNodeTraining.AUTO_FRACTION * free
+    return SampledNodeTraining.auto_fits(nbytes, device_free_bytes(device)[0])
 
 
 def estimate_for_config(cfg, in_dim: int, num_classes: int, num_params: int,

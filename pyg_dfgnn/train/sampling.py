@@ -74,6 +74,24 @@ def _native_sampling() -> bool:
 # ----------------------------------------------------------------------------
 # vectorised uniform neighbour sampling on a CSC graph
 # ----------------------------------------------------------------------------
+def _all_in_edges(start: Tensor, deg: Tensor, total: Optional[int] = None):
+    """``(pos, dst)`` of every in-edge of every frontier node (``total`` = the
+    number of them, if known: no sync), sorted by ``dst``."""
+    dev = deg.device
+    dst = torch.repeat_interleave(torch.arange(deg.numel(), device=dev), deg,
+                                  output_size=total)
+    seg = torch.cumsum(deg, 0) - deg
+    return start[dst] + (torch.arange(dst.numel(), device=dev) - seg[dst]), dst
+
+
+def _check_seeds(seed: Tensor, num_nodes: int) -> None:
+    """``ValueError`` for seed ids out of range or repeated (two host syncs)."""
+    if seed.numel() and (int(seed.min()) < 0 or int(seed.max()) >= num_nodes):
+        raise ValueError(f"'seed' holds node ids outside [0, {num_nodes})")
+    if torch.unique(seed).numel() != seed.numel():
+        raise ValueError("'seed' holds duplicate node ids; pass every seed node once")
+
+
 def _choose(start: Tensor, deg: Tensor, k: int, replace: bool,
             generator: Optional[torch.Generator]):
     """For frontier node ``i`` (in-edges ``start[i] .. start[i] + deg[i]``), pick
@@ -87,9 +105,7 @@ def _choose(start: Tensor, deg: Tensor, k: int, replace: bool,
     nf = deg.numel()
     ar = torch.arange(nf, device=dev)
     if k < 0 or (not replace and bool((deg <= k).all())):
-        dst = torch.repeat_interleave(ar, deg)
-        seg = torch.cumsum(deg, 0) - deg
-        return start[dst] + (torch.arange(dst.numel(), device=dev) - seg[dst]), dst
+        return _all_in_edges(start, deg)
     if replace:
         cnt = torch.where(deg > 0, torch.full_like(deg, k), torch.zeros_like(deg))
         dst = torch.repeat_interleave(ar, cnt)
@@ -166,10 +182,7 @@ def sample_neighbors(colptr: Tensor, row: Tensor, seed: Tensor, num_neighbors: S
     dev = colptr.device
     seed = seed.long().to(dev)
     N = colptr.numel() - 1
-    if seed.numel() and (int(seed.min()) < 0 or int(seed.max()) >= N):
-        raise ValueError(f"'seed' holds node ids outside [0, {N})")
-    if torch.unique(seed).numel() != seed.numel():
-        raise ValueError("'seed' holds duplicate node ids; pass every seed node once")
+    _check_seeds(seed, N)
     if assoc is None:
         assoc = torch.full((N,), -1, dtype=torch.long, device=dev)
     colptr = colptr.long()
@@ -346,10 +359,7 @@ def sample_neighbors_device(colptr: Tensor, row: Tensor, seed: Tensor,
     N = colptr.numel() - 1
     B = seed.numel()
     if check:
-        if B and (int(seed.min()) < 0 or int(seed.max()) >= N):
-            raise ValueError(f"'seed' holds node ids outside [0, {N})")
-        if torch.unique(seed).numel() != B:
-            raise ValueError("'seed' holds duplicate node ids; pass every seed node once")
+        _check_seeds(seed, N)
     if assoc is None:
         assoc = torch.full((N + 1,), -1, dtype=torch.long, device=dev)
     elif assoc.numel() != N + 1:
@@ -380,10 +390,7 @@ def sample_neighbors_device(colptr: Tensor, row: Tensor, seed: Tensor,
             deg = torch.where(live, colptr[fs + 1] - start, torch.zeros_like(start))
             if k < 0 or (k >= max_degree and not replace):   # all in-edges (one sync)
                 total = int(deg.sum())
-                dst = torch.repeat_interleave(torch.arange(nf, device=dev), deg,
-                                              output_size=total)
-                seg = torch.cumsum(deg, 0) - deg
-                pos = start[dst] + (torch.arange(total, device=dev) - seg[dst])
+                pos, dst = _all_in_edges(start, deg, total)
                 valid = torch.ones(total, dtype=torch.bool, device=dev)
                 dst_local = frontier_local[dst]
             else:
@@ -500,12 +507,17 @@ class DeviceNeighborSampler:
         self.max_degree = int((self.colptr[1:] - self.colptr[:-1]).max()) if N else 0
 
     @staticmethod
+    def index_bytes(num_nodes: int, num_edges: int) -> int:
+        """Bytes of the int64 index arrays kept on the device: ``colptr``, the
+        ``[N + 1]`` id buffer, ``row`` and the edge permutation."""
+        return 8 * (2 * (num_nodes + 2) + 2 * num_edges)
+
+    @staticmethod
     def graph_bytes(data) -> int:
         """Bytes this sampler keeps on the device for ``data``: ``colptr``, the
         ``[N + 1]`` id buffer, ``row`` and the edge permutation (int64) and every
         node / edge attribute."""
-        N, E = int(data.num_nodes), int(data.num_edges)
-        n = 8 * (2 * (N + 2) + 2 * E)
+        n = DeviceNeighborSampler.index_bytes(int(data.num_nodes), int(data.num_edges))
         for key, value in data.items():
             if key != "edge_index" and isinstance(value, Tensor):
                 n += value.numel() * value.element_size()
@@ -806,6 +818,12 @@ class SampledNodeTraining:
     #: this fraction of the device's free memory
     AUTO_FRACTION = 0.25
 
+    @classmethod
+    def auto_fits(cls, nbytes: int, free: Optional[int]) -> bool:
+        """``data.sample_on=auto``'s rule: the graph takes at most
+        :attr:`AUTO_FRACTION` of the free device memory (``None``: unknown)."""
+        return free is None or nbytes <= cls.AUTO_FRACTION * free
+
     def _sample_on_device(self):
         """``(on_device, why)`` for ``data.sample_on`` (auto: CUDA and the graph
         fits :attr:`AUTO_FRACTION` of the free memory, agreed by every rank)."""
@@ -825,7 +843,7 @@ class SampledNodeTraining:
                 f"{100 * need / max(free, 1):.1f}% of the {free / 2 ** 30:.1f} GiB free")
         if mode == "cuda":
             return True, size
-        fits = need <= self.AUTO_FRACTION * free
+        fits = self.auto_fits(need, free)
         if D.any_flag(not fits, dev):
             return False, (size + f" > {100 * self.AUTO_FRACTION:.0f}%" if not fits else
                            "another rank's device has too little free memory for the graph")
