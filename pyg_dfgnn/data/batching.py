@@ -395,9 +395,15 @@ class GraphBatchLoader:
         n = len(self.sampler) if self.sampler is not None else len(self.store)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def __iter__(self) -> Iterator[Any]:
+    def id_batches(self) -> Iterator[np.ndarray]:
+        """The graph indices of each batch, in order (what :meth:`__iter__`
+        makes its batches of)."""
         order = self._order()
         bs = self.batch_size
         stop = len(order) - len(order) % bs if self.drop_last else len(order)
         for i in range(0, stop, bs):
-            yield self.store.batch(order[i:i + bs], self.device)
+            yield order[i:i + bs]
+
+    def __iter__(self) -> Iterator[Any]:
+        for ids in self.id_batches():
+            yield self.store.batch(ids, self.device)

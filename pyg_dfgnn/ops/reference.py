@@ -104,11 +104,16 @@ def _edge_csr(edge: Optional[Tensor], perm: Optional[Tensor]) -> Optional[Tensor
     return edge.index_select(0, perm.long())
 
 
-def _edge_orig(values: Tensor, perm: Optional[Tensor]) -> Tensor:
-    if perm is None:
+def _edge_orig(values: Tensor, perm: Optional[Tensor], total: int) -> Tensor:
+    """Per-edge ``values`` (CSR order) in original edge order, ``total`` edges
+    (the edges in no row -- past ``rowptr[-1]`` -- get zeros)."""
+    if perm is None and values.size(0) == total:
         return values
-    out = torch.empty_like(values)
-    out[perm.long()] = values
+    out = values.new_zeros((total,) + tuple(values.shape[1:]))
+    if perm is None:
+        out[:values.size(0)] = values
+    else:
+        out[perm.long()] = values
     return out
 
 
@@ -151,11 +156,18 @@ def _recompute(kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, sc
                negative_slope):
     """Shared prologue of forward and backward: CSR helpers, features cast to
     the compute dtype (fp64 stays fp64, else fp32) and the scores ``[E, H]``."""
-    E = col.numel()
     nd = rowptr.numel() - 1
+    # a CSR may carry unused edges after rowptr[-1] (fixed-size buffers of a
+    # padded batch, pyg_dfgnn/train/graphed.py): they belong to no row
+    E = int(rowptr[-1]) if rowptr.numel() else 0
+    if E < col.numel():
+        col = col[:E]
+        perm = perm[:E] if perm is not None else None
     col_l = col.long()
     rows = _rows(rowptr, E)
     edge_c = _edge_csr(edge, perm)
+    if edge_c is not None and edge_c.size(0) > E:
+        edge_c = edge_c[:E]
     cdt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
 
     def cast(t):
@@ -163,7 +175,8 @@ def _recompute(kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, sc
     dst_f, src_f, val_f, edge_f, att_f = map(cast, (dst_feat, src_feat, value, edge_c, att))
     s, aux = _scores(kind, rows, col_l, dst_f, src_f, edge_f, att_f, scale, negative_slope)
     H = src_feat.size(1)
-    return E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s.view(E, H), aux
+    return (E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s.view(E, H), aux,
+            perm)
 
 
 def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor],
@@ -177,7 +190,7 @@ def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Ten
     with ``l = sum_j exp(s_ij - m)``, ``0`` for a row without edges) and
     post-dropout ``alpha [E, H]`` in original edge order (empty unless
     ``need_alpha``)."""
-    E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, _ = _recompute(
+    E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, _, used = _recompute(
         kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, scale, negative_slope)
     H = s.size(1)
     m = torch.full((nd, H), float("-inf"), dtype=cdt, device=s.device)
@@ -195,7 +208,7 @@ def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Ten
     v = _value_csr(kind, col_l, src_f, val_f, edge_f)
     out = _seg_sum(alpha.unsqueeze(-1) * v, rows, nd)
     out_dtype = value.dtype if (value is not None and kind != GATV2) else src_feat.dtype
-    alpha_out = _edge_orig(alpha, perm).to(out_dtype) if need_alpha else \
+    alpha_out = _edge_orig(alpha, used, col.numel()).to(out_dtype) if need_alpha else \
         s.new_empty((0,), dtype=out_dtype)
     return out.to(out_dtype), lse, alpha_out
 
@@ -208,8 +221,9 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
     """Explicit backward: ``[d_dst, d_src, d_value, d_edge, d_att]`` (empty when
     the input is absent), recomputing ``alpha = exp((s - m) - log(l))`` from the
     forward's ``lse = [m, log(l)]``."""
-    E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, aux = _recompute(
+    E, nd, col_l, rows, cdt, dst_f, src_f, val_f, edge_f, att_f, s, aux, used = _recompute(
         kind, rowptr, col, perm, dst_feat, src_feat, value, edge, att, scale, negative_slope)
+    E_all = col.numel()
     ns = src_feat.size(0)
     dout = grad_out.to(cdt)  # (``out`` is not needed: Delta is summed from the terms)
     H = dout.size(1)
@@ -232,14 +246,14 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
         g = dS * _dleaky(aux, negative_slope)
         d_dst = _seg_sum(g, rows, nd)
         d_src = _seg_sum(g, col_l, ns)
-        d_edge = _edge_orig(g, perm) if edge is not None else empty()
+        d_edge = _edge_orig(g, used, E_all) if edge is not None else empty()
         d_value = _seg_sum(d_v_edge, col_l, ns)
     elif kind == GATV2:
         slope = _dleaky(aux, negative_slope)
         gz = dS.unsqueeze(-1) * att_f * slope
         d_dst = _seg_sum(gz, rows, nd)
         d_src = _seg_sum(gz + d_v_edge, col_l, ns)
-        d_edge = _edge_orig(gz, perm) if edge is not None else empty()
+        d_edge = _edge_orig(gz, used, E_all) if edge is not None else empty()
         d_att = (dS.unsqueeze(-1) * F.leaky_relu(aux, negative_slope)).sum(0)
     else:
         g = (dS * scale).unsqueeze(-1)
@@ -247,7 +261,7 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
         dk = g * dst_f[rows]
         d_src = _seg_sum(dk, col_l, ns)
         d_value = _seg_sum(d_v_edge, col_l, ns) if value is not None else empty()
-        d_edge = _edge_orig(dk + d_v_edge, perm) if edge is not None else empty()
+        d_edge = _edge_orig(dk + d_v_edge, used, E_all) if edge is not None else empty()
 
     def cast(t, like):
         return t.to(like.dtype) if (like is not None and t.numel()) else t

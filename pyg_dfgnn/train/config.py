@@ -241,6 +241,9 @@ class TrainConfig:
                         "fp32; bf16 / fp16 = torch.autocast on the training device (the fused "
                         "attention runs in that dtype), fp16 with a GradScaler")
     compile: CompileConfig = field(default_factory=CompileConfig)
+    cuda_graphs: bool = _f(False, help="capture the training step and the evaluation forward "
+                                       "as CUDA graphs (batches of small graphs on CUDA; "
+                                       "batches padded to a fixed size, see docs/TRAINING.md)")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -502,6 +505,7 @@ def _validate(cfg: TrainConfig) -> None:
         if cfg.compile.backend not in backends:
             raise ConfigError(f"compile.backend: {cfg.compile.backend!r} is not a torch.compile "
                               f"backend; choose one of: {', '.join(backends)}")
+    _validate_cuda_graphs(cfg)
     _validate_sampling(cfg)
     _validate_user_data(cfg)
     if cfg.max_steps_per_epoch is not None and cfg.max_steps_per_epoch <= 0:
@@ -509,6 +513,37 @@ def _validate(cfg: TrainConfig) -> None:
                           f"{cfg.max_steps_per_epoch}")
     if isinstance(cfg.resume, str) and not cfg.resume:
         raise ConfigError("resume: empty path; use true, false/null or a checkpoint path")
+
+
+def _validate_cuda_graphs(cfg: TrainConfig) -> None:
+    """``cuda_graphs``: what a replayed step cannot redo (pyg_dfgnn/train/graphed.py);
+    the data-dependent conditions are checked when the data is loaded."""
+    if not cfg.cuda_graphs:
+        return
+    if cfg.device == "cpu":
+        raise ConfigError("cuda_graphs: needs a CUDA device (device=cpu)")
+    if cfg.precision == "fp16":
+        raise ConfigError("cuda_graphs: precision=fp16 needs a GradScaler, whose step "
+                          "decides on the host; use bf16 or fp32")
+    if cfg.compile.enabled:
+        raise ConfigError("cuda_graphs: use either compile or cuda_graphs, not both")
+    if cfg.optimizer.name not in ("adam", "adamw"):
+        raise ConfigError(f"cuda_graphs: optimizer.name={cfg.optimizer.name} has no "
+                          f"capturable implementation here; use adam or adamw")
+    if cfg.data.loader == "neighbor" or cfg.data.name not in ("PATTERN", "CLUSTER", "pyg",
+                                                                "file"):
+        raise ConfigError(f"cuda_graphs: needs a data set of many small graphs (PATTERN, "
+                          f"CLUSTER, or your own: data.name=pyg/file), not "
+                          f"data.name={cfg.data.name}"
+                          + (" with data.loader=neighbor" if cfg.data.loader == "neighbor"
+                             else ""))
+    if cfg.data.batcher == "pyg":
+        raise ConfigError("cuda_graphs: needs data.batcher=auto or store (the padded "
+                          "batches are packed from the graph store)")
+    if cfg.backend == "fused" and cfg.model.attn_dropout > 0:
+        raise ConfigError("cuda_graphs: the fused attention dropout draws its seed on the "
+                          "host per call, which a replay would repeat; set "
+                          "model.attn_dropout=0 or cuda_graphs=false")
 
 
 def _validate_sampling(cfg: TrainConfig) -> None:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["weighted_cross_entropy", "ConfusionCounter"]
+__all__ = ["weighted_cross_entropy", "masked_cross_entropy", "ConfusionCounter"]
 
 
 def weighted_cross_entropy(logits: Tensor, y: Tensor, num_classes: int) -> Tensor:
@@ -20,6 +20,26 @@ def weighted_cross_entropy(logits: Tensor, y: Tensor, num_classes: int) -> Tenso
     weight = (V - counts) / V
     weight = weight * (counts > 0).to(logits.dtype)
     return F.cross_entropy(logits, y, weight=weight)
+
+
+def masked_cross_entropy(logits: Tensor, y: Tensor, mask: Tensor, num_classes: int,
+                         weighted: bool) -> Tensor:
+    """The cross-entropy (``weighted``: :func:`weighted_cross_entropy`) of the
+    rows where ``mask`` is true, with fixed shapes and no host synchronisation
+    (a batch padded for a CUDA graph: :mod:`pyg_dfgnn.train.graphed`).  Equal
+    to the unmasked loss of ``logits[mask]``, ``y[mask]``."""
+    y = y.long()
+    m = mask.to(logits.dtype)
+    per_row = F.cross_entropy(logits, y, reduction="none")
+    if weighted:
+        counts = torch.zeros(num_classes, dtype=logits.dtype, device=logits.device)
+        counts = counts.index_add(0, y.clamp(0, num_classes - 1), m)
+        V = m.sum()
+        weight = (V - counts) / V * (counts > 0).to(logits.dtype)
+        w = weight[y.clamp(0, num_classes - 1)] * m
+    else:
+        w = m
+    return (w * per_row).sum() / w.sum()
 
 
 class ConfusionCounter:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["BackendError", "conv_module", "build_model", "GATNet", "GraphTransformerNet",
-           "AGNNNet", "MLPReadout", "InputEncoder", "count_parameters"]
+           "AGNNNet", "MLPReadout", "InputEncoder", "count_parameters", "masked_batch_norm"]
 
 
 class BackendError(RuntimeError):
@@ -91,6 +91,45 @@ class MLPReadout(nn.Module):
         return self.out(x)
 
 
+def masked_batch_norm(bn: nn.BatchNorm1d, x: Tensor, mask: Tensor) -> Tensor:
+    r"""``bn(x[mask])`` written back in place of ``x``'s masked rows, for a
+    batch padded to a fixed size (:mod:`pyg_dfgnn.train.graphed`): in training
+    the statistics are taken over the rows where ``mask`` is true only,
+    :math:`\mu = \sum_i m_i x_i / n`, :math:`\sigma^2 = \sum_i m_i (x_i -
+    \mu)^2 / n`, and the running estimates are updated with them (unbiased
+    variance, as :class:`torch.nn.BatchNorm1d` does); the padding rows are
+    normalised with the same statistics.  In evaluation (running statistics)
+    this is ``bn(x)``.  No host synchronisation (fixed shapes)."""
+    use_batch = bn.training or not bn.track_running_stats
+    if not use_batch:
+        return bn(x)
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))   # half precision: fp32 sums
+    m = mask.to(xf.dtype).unsqueeze(-1)
+    cnt = m.sum()
+    mean = (xf * m).sum(0) / cnt
+    d = (xf - mean) * m
+    var = (d * d).sum(0) / cnt
+    y = (xf - mean) * torch.rsqrt(var + bn.eps)
+    if bn.affine:
+        y = y * bn.weight + bn.bias
+    if bn.training and bn.track_running_stats:
+        with torch.no_grad():
+            bn.num_batches_tracked.add_(1)
+            mom = (bn.momentum if bn.momentum is not None
+                   else 1.0 / bn.num_batches_tracked.to(xf.dtype))
+            bn.running_mean.mul_(1 - mom).add_(mom * mean.to(bn.running_mean.dtype))
+            unbiased = var * (cnt / (cnt - 1).clamp(min=1))
+            bn.running_var.mul_(1 - mom).add_(mom * unbiased.to(bn.running_var.dtype))
+    return y.to(x.dtype)
+
+
+def norm(module: nn.Module, x: Tensor, node_mask: Optional[Tensor] = None) -> Tensor:
+    """``module(x)``; a BatchNorm over the ``node_mask`` rows only when given."""
+    if node_mask is not None and isinstance(module, nn.BatchNorm1d):
+        return masked_batch_norm(module, x, node_mask)
+    return module(x)
+
+
 def _readout(kind: str, in_dim: int, num_classes: int) -> nn.Module:
     return MLPReadout(in_dim, num_classes) if kind == "mlp" else nn.Linear(in_dim, num_classes)
 
@@ -139,9 +178,11 @@ class GATNet(nn.Module):
             self.norms.append(nn.BatchNorm1d(width) if batch_norm else nn.Identity())
         self.head = _readout(readout, out_dim, num_classes)
 
-    def block(self, i: int, h: Tensor, edge_index) -> Tensor:
+    def block(self, i: int, h: Tensor, edge_index, node_mask: Optional[Tensor] = None
+              ) -> Tensor:
         """Attention layer ``i`` with what follows it (the forward's loop body;
-        also one stage of layer-wise inference)."""
+        also one stage of layer-wise inference).  ``node_mask``: the real rows
+        of a padded batch (BatchNorm statistics, :func:`masked_batch_norm`)."""
         conv = self.convs[i]
         if self.readout_kind == "conv":
             h = conv(h, edge_index)
@@ -149,21 +190,22 @@ class GATNet(nn.Module):
                 h = F.dropout(F.elu(h), self.dropout, self.training)
             return h
         h_in = h
-        h = F.elu(self.norms[i](conv(h, edge_index)))
+        h = F.elu(norm(self.norms[i], conv(h, edge_index), node_mask))
         if self.residual and h.shape == h_in.shape:
             h = h_in + h
         return F.dropout(h, self.dropout, self.training)
 
-    def forward(self, x: Tensor, edge_index, **_) -> Tensor:
+    def forward(self, x: Tensor, edge_index, node_mask: Optional[Tensor] = None,
+                **_) -> Tensor:
         if self.readout_kind == "conv":
             h = F.dropout(x.float(), self.in_dropout, self.training)
             for i in range(len(self.convs)):
-                h = self.block(i, h, edge_index)
+                h = self.block(i, h, edge_index, node_mask)
             return h
         h = self.encoder(x)
         h = F.dropout(h, self.in_dropout, self.training)
         for i in range(len(self.convs)):
-            h = self.block(i, h, edge_index)
+            h = self.block(i, h, edge_index, node_mask)
         return self.head(h)
 
 
@@ -189,20 +231,20 @@ class GraphTransformerLayer(nn.Module):
             return nn.LayerNorm(d)
         return nn.BatchNorm1d(d) if bn else nn.Identity()
 
-    def forward(self, h: Tensor, edge_index) -> Tensor:
+    def forward(self, h: Tensor, edge_index, node_mask: Optional[Tensor] = None) -> Tensor:
         h_in = h
         h = self.attn(h, edge_index)
         h = F.dropout(h, self.dropout, self.training)
         h = self.O(h)
         if self.residual:
             h = h_in + h
-        h = self.norm1(h)
+        h = norm(self.norm1, h, node_mask)
         h_in2 = h
         h = F.dropout(F.relu(self.ffn1(h)), self.dropout, self.training)
         h = self.ffn2(h)
         if self.residual:
             h = h_in2 + h
-        return self.norm2(h)
+        return norm(self.norm2, h, node_mask)
 
 
 class GraphTransformerNet(nn.Module):
@@ -224,7 +266,8 @@ class GraphTransformerNet(nn.Module):
             for i in range(layers)])
         self.head = _readout(readout, out_dim, num_classes)
 
-    def forward(self, x: Tensor, edge_index, lap_pe: Optional[Tensor] = None, **_) -> Tensor:
+    def forward(self, x: Tensor, edge_index, lap_pe: Optional[Tensor] = None,
+                node_mask: Optional[Tensor] = None, **_) -> Tensor:
         h = self.encoder(x)
         if self.lap_pe:
             if lap_pe is None:
@@ -235,7 +278,7 @@ class GraphTransformerNet(nn.Module):
             h = h + self.pe_encoder(lap_pe.float())
         h = F.dropout(h, self.in_dropout, self.training)
         for layer in self.layers:
-            h = layer(h, edge_index)
+            h = layer(h, edge_index, node_mask)
         return self.head(h)
 
 
@@ -260,24 +303,26 @@ class AGNNNet(nn.Module):
         self.dropout, self.in_dropout = dropout, in_dropout
         self.head = _readout(readout, hidden, num_classes)
 
-    def forward(self, x: Tensor, edge_index, **_) -> Tensor:
+    def forward(self, x: Tensor, edge_index, node_mask: Optional[Tensor] = None,
+                **_) -> Tensor:
         if not self.categorical:
             x = F.dropout(x.float(), self.in_dropout, self.training)
         h = F.relu(self.encoder(x))
         if self.categorical:
             h = F.dropout(h, self.in_dropout, self.training)
         for i in range(len(self.convs)):
-            h = self.propagate_block(i, h, edge_index)
+            h = self.propagate_block(i, h, edge_index, node_mask)
         h = F.dropout(h, self.dropout, self.training)
         return self.head(h)
 
-    def propagate_block(self, i: int, h: Tensor, edge_index) -> Tensor:
+    def propagate_block(self, i: int, h: Tensor, edge_index,
+                        node_mask: Optional[Tensor] = None) -> Tensor:
         """Propagation ``i`` (with BN/ELU/residual where configured): the
         forward's loop body, also one stage of layer-wise inference."""
         h_in = h
         h = self.convs[i](h, edge_index)
         if self.block:
-            h = F.elu(self.norms[i](h))
+            h = F.elu(norm(self.norms[i], h, node_mask))
             if self.residual:
                 h = h_in + h
         return h

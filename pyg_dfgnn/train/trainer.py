@@ -205,17 +205,25 @@ AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # ----------------------------------------------------------------------------
 # optimiser / scheduler
 # ----------------------------------------------------------------------------
-def _make_optimizer(cfg: TrainConfig, params, device: torch.device):
+def _make_optimizer(cfg: TrainConfig, params, device: torch.device, capturable: bool = False):
+    """The configured optimiser; ``capturable`` (Adam/AdamW, for CUDA graphs):
+    its step count and learning rate live on the device as tensors, so a
+    replayed step sees the scheduler's changes."""
     o = cfg.optimizer
     fused = None
     if o.name in ("adam", "adamw"):
         fused = o.implementation == "fused" or (o.implementation == "auto"
                                                 and device.type == "cuda")
         fused = True if fused else None
+    kw = {}
+    lr: Any = o.lr
+    if capturable:
+        kw["capturable"] = True
+        lr = torch.tensor(float(o.lr), device=device)
     if o.name == "adam":
-        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay, fused=fused)
+        return torch.optim.Adam(params, lr=lr, weight_decay=o.weight_decay, fused=fused, **kw)
     if o.name == "adamw":
-        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=fused)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=o.weight_decay, fused=fused, **kw)
     return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
 
 
@@ -381,8 +389,70 @@ class _Run:
             self.eval_model = torch.compile(self.net, **opts) if self.dist.enabled else model
             self.log(f"torch.compile({', '.join(f'{k}={v!r}' for k, v in opts.items())})")
         self.model = model
-        self.opt = _make_optimizer(cfg, model.parameters(), self.device)
+        capture = cfg.cuda_graphs and self.device.type == "cuda"
+        self.opt = _make_optimizer(cfg, model.parameters(), self.device, capturable=capture)
         self.sched = _make_scheduler(cfg, self.opt)
+        self.graphed = self._build_graphed() if cfg.cuda_graphs else None
+
+    #: run ``cuda_graphs: true`` on a CPU device as the same padded steps without
+    #: capture (the CPU tests of the trainer integration set this)
+    cuda_graphs_on_cpu = False
+
+    def _build_graphed(self):
+        """``cuda_graphs: true``: the padded static batches and the captured
+        steps (pyg_dfgnn/train/graphed.py); ConfigError for what a replay
+        cannot do with this data or setup."""
+        from ..schedule import MIN_SPLIT
+        from .graphed import WARMUP_STEPS, GraphedSteps, StaticBatches
+        from .metrics import masked_cross_entropy
+        b, cfg = self.bundle, self.cfg
+        if self.device.type != "cuda" and not self.cuda_graphs_on_cpu:
+            raise ConfigError(f"cuda_graphs: needs a CUDA device; the run is on {self.device}")
+        if b.kind != "graphs":
+            raise ConfigError(f"cuda_graphs: needs a data set of many small graphs; "
+                              f"{b.name} is one graph")
+        if self.dist.enabled:
+            raise ConfigError("cuda_graphs: not with DDP (several processes); run one "
+                              "process or cuda_graphs=false")
+        if not self.stores:
+            raise ConfigError("cuda_graphs: the graphs cannot be packed by the graph store "
+                              "(see the 'batches:' log line); use cuda_graphs=false")
+        stores = [self.stores[id(ds)] for ds in (b.train, b.val, b.test)]
+        keys = stores[0].node_attrs
+        if "x" not in keys or "y" not in keys:
+            raise ConfigError(f"cuda_graphs: needs node-level 'x' and 'y' (node "
+                              f"classification); the graphs have node attributes "
+                              f"{sorted(keys)}")
+        views = ()
+        if cfg.backend == "fused":
+            from ..data.prepare import PrepareGraphs
+            prep = PrepareGraphs.for_model(self.net)
+            views = prep.views if prep is not None else ()
+        static = StaticBatches(stores, cfg.batch_size, self.device, views)
+        for v, (din, dout) in static.max_deg.items():
+            if max(din, dout) > MIN_SPLIT:
+                raise ConfigError(f"cuda_graphs: a graph has a node of degree "
+                                  f"{max(din, dout)} > {MIN_SPLIT}, which the fused "
+                                  f"schedule splits per batch on the host; use "
+                                  f"cuda_graphs=false")
+        C, weighted = b.num_classes, bool(b.weighted_loss)
+
+        def loss_fn(out, y, mask):
+            return masked_cross_entropy(out.float(), y, mask, C, weighted)
+
+        amp = self.amp_dtype
+        dev = self.device.type
+
+        def autocast():   # no weight-cast cache inside a capture
+            return (torch.autocast(dev, dtype=amp, cache_enabled=False) if amp is not None
+                    else contextlib.nullcontext())
+
+        capture = self.device.type == "cuda"
+        self.log(f"cuda_graphs: batches padded to {static.num_nodes} nodes / {static.e_cap} "
+                 f"edges; the training step and the evaluation forward are "
+                 + (f"captured after {WARMUP_STEPS} eager steps" if capture
+                    else "run eagerly (no CUDA device)"))
+        return GraphedSteps(self.model, self.opt, static, loss_fn, autocast, capture)
 
     def _build_stores(self) -> None:
         """``data.batcher`` store/auto: one :class:`~pyg_dfgnn.data.GraphBatcher`
@@ -461,20 +531,26 @@ class _Run:
         steps_full = len(loader)
         cap = self.cfg.max_steps_per_epoch
         steps = steps_full if cap is None else min(cap, steps_full)
-        it = loader
+        g = self.graphed
+        it = loader.id_batches() if g is not None else loader
         bar = None
         if self.progress:
             from tqdm import tqdm
-            bar = it = tqdm(loader, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
+            bar = it = tqdm(it, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
                             dynamic_ncols=True, file=sys.stderr, total=steps)
         for i, batch in enumerate(it):
             if i >= steps:   # max_steps_per_epoch (the same on every rank)
                 break
-            batch = self._to_device(batch)
-            out, loss = self.optimize(lambda: self._forward(self.model, batch), batch.y)
+            if g is not None:   # batch: graph ids; out: the padded batch's logits
+                out, loss, n = g.train_step(loader.store, batch)
+                out, y = out[:n], g.static.node_attr("y")[:n]
+            else:
+                batch = self._to_device(batch)
+                out, loss = self.optimize(lambda: self._forward(self.model, batch), batch.y)
+                y = batch.y
             loss_sum[0] += loss.detach().double()
             loss_sum[1] += 1
-            counter.update(out.detach(), batch.y)
+            counter.update(out.detach(), y)
             if bar is not None and i % 10 == 0:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if bar is not None:
@@ -491,14 +567,21 @@ class _Run:
         self.net.eval()
         counter = ConfusionCounter(self.bundle.num_classes, self.device)
         loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for batch in self._eval_loader(ds):
-            batch = self._to_device(batch)
-            with self._autocast():
-                out = self._forward(model, batch)
-                loss = self._loss(out, batch.y)
+        g = self.graphed
+        loader = self._eval_loader(ds)
+        for batch in (loader.id_batches() if g is not None else loader):
+            if g is not None:
+                out, loss, n = g.eval_step(loader.store, batch)
+                out, y = out[:n], g.static.node_attr("y")[:n]
+            else:
+                batch = self._to_device(batch)
+                with self._autocast():
+                    out = self._forward(model, batch)
+                    loss = self._loss(out, batch.y)
+                y = batch.y
             loss_sum[0] += loss.double()
             loss_sum[1] += 1
-            counter.update(out, batch.y)
+            counter.update(out, y)
         D.all_reduce_sum(loss_sum)
         counter.all_reduce()
         return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)),
@@ -749,7 +832,7 @@ class _Run:
                 break
             self.train_time += epoch_time
             peak = torch.cuda.max_memory_allocated(self.device) if cuda else None
-            lr = self.opt.param_groups[0]["lr"]
+            lr = float(self.opt.param_groups[0]["lr"])
             rec = {"epoch": epoch, "train_loss": tr["loss"], "train_metric": tr["metric"],
                    "val_loss": va["loss"], "val_metric": va["metric"],
                    "test_loss": te["loss"] if te else None,
@@ -805,7 +888,7 @@ class _Run:
                         stop = (f"early stopping ({es.monitor} did not improve for "
                                 f"{es.patience} epochs)")
             s = cfg.scheduler
-            new_lr = self.opt.param_groups[0]["lr"]
+            new_lr = float(self.opt.param_groups[0]["lr"])
             if s.name == "plateau" and s.stop_at_min_lr and new_lr < s.min_lr:
                 stop = f"learning rate {new_lr:.2e} fell below min_lr {s.min_lr:.0e}"
             if cfg.time_limit_min is not None and \
@@ -921,7 +1004,11 @@ class _Run:
                                      if self.cfg.compile.enabled else False),
                          "prepared_graphs": (None if self.prepare is None
                                              else list(self.prepare.views)),
-                         "batcher": "store" if self.stores else "pyg"},
+                         "batcher": "store" if self.stores else "pyg",
+                         "cuda_graphs": (None if self.graphed is None else
+                                         {"captured": self.graphed.capture,
+                                          "num_nodes": self.graphed.static.num_nodes,
+                                          "num_edges": self.graphed.static.e_cap})},
             "metrics": metrics,
             "stop_reason": stop_reason,
             "resumed_from": self.resumed_from,

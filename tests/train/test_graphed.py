@@ -1,0 +1,278 @@
+"""``cuda_graphs: true`` (pyg_dfgnn/train/graphed.py): batches padded to a fixed
+size give the same steps as the unpadded batches.
+
+On CPU the padded steps run eagerly (``capture=False``); the float64 checks
+below are what a replay computes too, since a replay repeats the captured
+kernels on the same fixed-shape buffers.  The CUDA test captures for real.
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pyg_dfgnn.train.cli import main
+
+from .conftest import fused_available
+
+pytestmark = pytest.mark.skipif(not fused_available(), reason="pyg_dfgnn.nn not importable")
+
+
+def _graphs(num, seed, loops=False):
+    from pyg_dfgnn.data import generate_split
+    gs = generate_split("PATTERN", "train", num, seed=seed)
+    for g in gs:
+        g.x = g.x.view(-1)
+        if loops:   # a few self-loops, which the looped view replaces
+            n = int(g.num_nodes)
+            extra = torch.arange(0, n, 7)
+            ei = torch.cat([g.edge_index, torch.stack([extra, extra])], 1)
+            g.edge_index = ei[:, torch.argsort(ei[1], stable=True)]
+    return gs
+
+
+def _store(graphs, views):
+    from pyg_dfgnn.data import GraphBatcher
+    return GraphBatcher(graphs, views)
+
+
+# ---------------------------------------------------------------- building blocks
+def test_masked_batch_norm_is_batch_norm_of_the_real_rows():
+    from pyg_dfgnn.train.models import masked_batch_norm
+    torch.manual_seed(0)
+    x = torch.randn(30, 5, dtype=torch.float64, requires_grad=True)
+    mask = torch.arange(30) < 21
+    ref = torch.nn.BatchNorm1d(5).double()
+    ours = torch.nn.BatchNorm1d(5).double()
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 2)
+        ref.bias.uniform_(-1, 1)
+        ours.load_state_dict(ref.state_dict())
+    w = torch.randn(21, 5, dtype=torch.float64)
+    y_ref = ref(x[:21])
+    (y_ref * w).sum().backward()
+    g_ref = x.grad.clone()
+    x.grad = None
+    y = masked_batch_norm(ours, x, mask)
+    (y[:21] * w).sum().backward()
+    torch.testing.assert_close(y[:21], y_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x.grad, g_ref, rtol=1e-12, atol=1e-12)   # padding rows: 0
+    for k in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(ours, k), getattr(ref, k), rtol=1e-12, atol=0)
+    ours.eval()
+    ref.eval()
+    torch.testing.assert_close(masked_batch_norm(ours, x, mask)[:21], ref(x[:21]))
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_masked_cross_entropy_is_the_loss_of_the_real_rows(weighted):
+    import torch.nn.functional as F
+    from pyg_dfgnn.train.metrics import masked_cross_entropy, weighted_cross_entropy
+    torch.manual_seed(1)
+    logits = torch.randn(40, 3, dtype=torch.float64)
+    y = torch.randint(0, 2, (40,))     # class 2 absent: weight 0 in the weighted loss
+    mask = torch.arange(40) < 33
+    y_pad = y.clone()
+    y_pad[33:] = 2                     # padding labels must not count
+    ref = (weighted_cross_entropy(logits[:33], y[:33], 3) if weighted
+           else F.cross_entropy(logits[:33], y[:33]))
+    ours = masked_cross_entropy(logits, y_pad, mask, 3, weighted)
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-13)
+
+
+@pytest.mark.parametrize("loops", [False, True])
+def test_static_views_equal_the_batch_views_on_the_real_rows(loops):
+    """The CSR views built from the padded buffers are the batch's own views
+    (same rows, edges and transposes), with every padding edge left out."""
+    from pyg_dfgnn import graph as G
+    from pyg_dfgnn.train.graphed import StaticBatches
+    views = (False, True)
+    store = _store(_graphs(6, 3, loops), views)
+    static = StaticBatches([store], 4, torch.device("cpu"), views)
+    ids = np.array([5, 0, 3])
+    n = static.load(store, ids)
+    batch = store.batch(ids)
+    N = int(batch.num_nodes)
+    assert n == N and static.num_nodes > N
+    inp = static.inputs()
+    assert torch.equal(inp["node_mask"], torch.arange(static.num_nodes) < N)
+    assert torch.equal(inp["x"][:N], batch.x) and not inp["x"][N:].any()
+    ei = inp["edge_index"]
+    E = batch.edge_index.size(1)
+    assert torch.equal(ei[:, :E], batch.edge_index)
+    assert bool((ei[:, E:] == static.n_cap).all())        # loops on the padding node
+    for v, g in zip(views, inp["graphs"]):
+        ref = G.get_graph(batch.edge_index, (N, N), N if v else None)
+        assert G.get_graph(ei, (static.num_nodes,) * 2,
+                           static.num_nodes if v else None) is g      # attached
+        m = int(ref.rowptr[-1])
+        assert torch.equal(g.rowptr[:N + 1].long(), ref.rowptr.long())
+        # padding rows: empty, or (looped view) their own loop only
+        tail = torch.arange(static.num_nodes - N + 1) if v else 0
+        assert torch.equal(g.rowptr[N:].long(), m + tail + torch.zeros(
+            static.num_nodes - N + 1, dtype=torch.long))
+        assert torch.equal(g.col[:m].long(), ref.col.long())
+        assert torch.equal(g.t_rowptr[:N + 1].long(), ref.t_rowptr.long())
+        assert torch.equal(g.t_col[:m].long(), ref.t_col.long())
+        # the transposed edges point at the same CSR positions
+        assert torch.equal(g.t_perm[:m].long(), ref.t_perm.long())
+
+
+def _adam_graphed(model, views, batches_ids, store, dtype, graphed: bool):
+    """Losses of Adam steps on the store's batches, then the parameters and
+    the BatchNorm running statistics: padded GraphedSteps or eager batches."""
+    from pyg_dfgnn.train.config import load_config
+    from pyg_dfgnn.train.graphed import GraphedSteps, StaticBatches
+    from pyg_dfgnn.train.metrics import masked_cross_entropy, weighted_cross_entropy
+    from pyg_dfgnn.train.models import build_model
+    from .conftest import CONFIGS
+    cfg = load_config(str(CONFIGS / "pattern_gat_quick.yaml"),
+                      [f"model.name={model}", "model.hidden=16", "model.heads=2",
+                       "model.layers=2", "model.dropout=0.2"])
+    torch.manual_seed(0)
+    net = build_model(cfg.model, 3, 2, True, "fused").to(dtype)
+    opt = torch.optim.Adam(net.parameters(), lr=5e-3)
+    losses = []
+    torch.manual_seed(7)   # the dropout masks: padded rows draw too, so compare without
+    if graphed:
+        static = StaticBatches([store], 4, torch.device("cpu"), views)
+        steps = GraphedSteps(net, opt, static,
+                             lambda o, y, m: masked_cross_entropy(o, y, m, 2, True),
+                             lambda: __import__("contextlib").nullcontext(), capture=False)
+        for ids in batches_ids:
+            _, loss, _ = steps.train_step(store, ids)
+            losses.append(loss.item())
+        out, loss, n = steps.eval_step(store, batches_ids[0])
+        val = (loss.item(), out[:n].clone())
+    else:
+        for ids in batches_ids:
+            b = store.batch(ids)
+            net.train()
+            loss = weighted_cross_entropy(net(b.x, b.edge_index), b.y, 2)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        b = store.batch(batches_ids[0])
+        net.eval()
+        with torch.no_grad():
+            out = net(b.x, b.edge_index)
+            val = (weighted_cross_entropy(out, b.y, 2).item(), out)
+    return losses, val, {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+@pytest.mark.parametrize("model", ["gat", "gt", "agnn"])
+def test_padded_steps_equal_the_eager_steps_in_float64(model, monkeypatch):
+    """Three Adam steps (train mode, BatchNorm) and an eval forward on padded
+    fixed-size batches equal those on the batches themselves, in float64: the
+    padding changes nothing but the summation order (tolerance: float64
+    rounding amplified as in tests/train/test_train_e2e.py, <= 1e-9)."""
+    import torch.nn.functional as F
+    from pyg_dfgnn.data.prepare import PrepareGraphs  # noqa: F401  (views of the model)
+    # without dropout: padded batches have more rows, so the dropout draws differ
+    monkeypatch.setattr(F, "dropout", lambda x, p=0.5, training=True, inplace=False: x)
+    views = (model != "gt",)
+    store = _store(_graphs(8, 5, loops=True), views)
+    ids = [np.array([0, 1, 2, 3]), np.array([4, 5, 6]), np.array([7, 2])]
+    l_ref, v_ref, s_ref = _adam_graphed(model, views, ids, store, torch.float64, False)
+    l_pad, v_pad, s_pad = _adam_graphed(model, views, ids, store, torch.float64, True)
+    assert l_pad == pytest.approx(l_ref, rel=1e-10)
+    assert v_pad[0] == pytest.approx(v_ref[0], rel=1e-10)
+    torch.testing.assert_close(v_pad[1], v_ref[1], rtol=1e-9, atol=1e-9)
+    assert s_pad.keys() == s_ref.keys()
+    for k in s_ref:
+        torch.testing.assert_close(s_pad[k], s_ref[k], rtol=1e-9, atol=1e-9, msg=k)
+
+
+# ---------------------------------------------------------------- trainer
+def _results(path):
+    with open(path / "results.json") as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("model", ["gat", "gt"])
+def test_trainer_runs_the_padded_steps(tmp_path, tiny_args, model, monkeypatch, capsys):
+    """``cuda_graphs: true`` through the CLI (padded steps, eager on CPU): the
+    same steps and the same training losses as the plain run, up to float32
+    summation order (measured: 1e-7 relative; a masking error -- BatchNorm or
+    the loss counting padding rows -- moves them by far more than 1e-4).  The
+    validation loss is only compared loosely: it reads BatchNorm's running mean,
+    which follows the conv biases in front of BatchNorm, whose gradient is zero
+    in exact arithmetic; Adam scales their float32 rounding noise up to steps of
+    ~lr, differently for any other summation order (the float64 tests above
+    compare everything exactly)."""
+    from pyg_dfgnn.train.trainer import _Run
+    monkeypatch.setattr(_Run, "cuda_graphs_on_cpu", True)
+    extra = ["epochs=2", f"model.name={model}", "backend=fused", "model.dropout=0.0"]
+    assert main(tiny_args(*extra, out="plain")) == 0
+    assert main(tiny_args(*extra, "cuda_graphs=true", out="graphed")) == 0
+    assert "cuda_graphs: batches padded to" in capsys.readouterr().out
+    ref, ours = _results(tmp_path / "plain"), _results(tmp_path / "graphed")
+    for a, b in zip(ref["history"], ours["history"]):
+        assert a["steps"] == b["steps"]
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-2)
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("precision=fp16", "cuda_graphs: precision=fp16"),
+    ("compile=true", "cuda_graphs: use either compile or cuda_graphs"),
+    ("optimizer.name=sgd", "cuda_graphs: optimizer.name=sgd"),
+    ("data.batcher=pyg", "cuda_graphs: needs data.batcher"),
+    ("model.attn_dropout=0.1", "cuda_graphs: the fused attention dropout"),
+    ("device=cpu", "cuda_graphs: needs a CUDA device (device=cpu)"),
+])
+def test_config_errors(tmp_path, tiny_args, capsys, override, fragment):
+    assert main(tiny_args("cuda_graphs=true", override)) == 2
+    assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+def test_cpu_run_is_refused(tmp_path, tiny_args, capsys):
+    assert main(tiny_args("cuda_graphs=true", "epochs=1")) == 2
+    assert "cuda_graphs: needs a CUDA device; the run is on cpu" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- CUDA
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["gat", "gt", "agnn"])
+def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
+    """Captured and replayed steps compute what the same padded steps compute
+    eagerly on the GPU (the same kernels on the same buffers), and nothing
+    syncs inside a step (a sync would fail the capture)."""
+    from pyg_dfgnn.train.config import load_config
+    from pyg_dfgnn.train.graphed import WARMUP_STEPS, GraphedSteps, StaticBatches
+    from pyg_dfgnn.train.metrics import masked_cross_entropy
+    from pyg_dfgnn.train.models import build_model
+    from .conftest import CONFIGS
+    dev = torch.device("cuda")
+    views = (model != "gt",)
+    store = _store(_graphs(12, 2, loops=True), views)
+    cfg = load_config(str(CONFIGS / "pattern_gat_quick.yaml"),
+                      [f"model.name={model}", "model.hidden=16", "model.heads=2",
+                       "model.layers=2", "model.dropout=0.0"])
+    rng = np.random.default_rng(0)
+    batches = [rng.permutation(12)[:int(rng.integers(2, 5))] for _ in range(WARMUP_STEPS + 4)]
+
+    def run(capture):
+        torch.manual_seed(0)
+        net = build_model(cfg.model, 3, 2, True, "fused").to(dev)
+        opt = torch.optim.Adam(net.parameters(), lr=torch.tensor(5e-3, device=dev),
+                               capturable=True, fused=True)
+        static = StaticBatches([store], 4, dev, views)
+        steps = GraphedSteps(net, opt, static,
+                             lambda o, y, m: masked_cross_entropy(o, y, m, 2, True),
+                             lambda: __import__("contextlib").nullcontext(), capture)
+        losses = [float(steps.train_step(store, ids)[1]) for ids in batches]
+        evals = [float(steps.eval_step(store, ids)[1]) for ids in batches[:3]]
+        assert (steps.train_graph is not None) == capture
+        assert (steps.eval_graph is not None) == capture
+        return losses, evals, {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+    l_e, v_e, s_e = run(False)
+    l_g, v_g, s_g = run(True)
+    assert l_g == pytest.approx(l_e, rel=1e-5)
+    assert v_g == pytest.approx(v_e, rel=1e-5)
+    for k in s_e:
+        torch.testing.assert_close(s_g[k], s_e[k], rtol=1e-4, atol=1e-5, msg=k)
