@@ -299,14 +299,19 @@ class GraphedSteps:
             return out, loss, n
         # capture this step (recording runs nothing), then run it
         self.opt.zero_grad(set_to_none=True)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            self._train_out = self._train_body()
-        self.train_graph = g
-        g.replay()
+        self.train_graph, self._train_out = self._capture(self._train_body)
         self.steps += 1
         out, loss = self._train_out
         return out, loss, n
+
+    @staticmethod
+    def _capture(body):
+        """``body`` recorded as a CUDA graph and replayed once: ``(graph, outputs)``."""
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outputs = body()
+        g.replay()
+        return g, outputs
 
     @torch.no_grad()
     def eval_step(self, store: Any, ids: np.ndarray) -> Tuple[Tensor, Tensor, int]:
@@ -323,11 +328,7 @@ class GraphedSteps:
             with self._side_stream():
                 out, loss = self._forward()
             return out, loss, n
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            self._eval_out = self._forward()
-        self.eval_graph = g
-        g.replay()
+        self.eval_graph, self._eval_out = self._capture(self._forward)
         out, loss = self._eval_out
         return out, loss, n
 
