@@ -183,19 +183,17 @@ class StaticBatches:
         self.n = N
         return N
 
-    def _global(self, src: Tensor, dst: Tensor, row: int, pad: int) -> Tuple[Tensor, Tensor]:
-        """Batch-global ``(src, dst)`` from the local ids of the buffers; the
-        entries past the batch's edges become ``pad``."""
+    def _global(self, src: Tensor, dst: Tensor, row: int) -> Tuple[Tensor, Tensor]:
+        """Batch-global ``[2, E]`` edges from the local ids of the buffers, with
+        the entries past the batch's edges set to the padding node
+        (``n_cap``), and the mask of the batch's own entries."""
         meta = self._bufs["meta"][1]
-        E = src.numel()
-        pos = torch.arange(E, device=src.device)
+        pos = torch.arange(src.numel(), device=src.device)
         ends = meta[row, 1:]
         g = torch.searchsorted(ends, pos, right=True).clamp_(max=self.B - 1)
-        off = meta[0, :-1][g]
         valid = pos < ends[-1]
-        padv = torch.full_like(pos, pad)
-        return (torch.where(valid, src.long() + off, padv),
-                torch.where(valid, dst.long() + off, padv))
+        ei = torch.stack([src.long(), dst.long()]) + meta[0, :-1][g]
+        return torch.where(valid, ei, self.n_cap), valid
 
     def inputs(self) -> Dict[str, Any]:
         """The model inputs of the loaded batch, from fixed-shape device ops:
@@ -208,17 +206,17 @@ class StaticBatches:
         out: Dict[str, Any] = {k: b["x:" + k] for k in self.node_keys}
         meta = b["meta"]
         out["node_mask"] = torch.arange(Nr, device=self.device) < meta[0, -1]
-        src, dst = self._global(b["src"], b["dst"], 1, self.n_cap)
-        edge_index = torch.stack([src, dst])
+        edge_index, valid = self._global(b["src"], b["dst"], 1)
         out["edge_index"] = edge_index
         if self.views:
             from ..data.batching import sorted_graph_views
             # the CSR views see the padding edges at row Nr, past the last row
-            s_csr, d_csr = self._global(b["src"], b["dst"], 1, Nr)
+            csr = torch.where(valid, edge_index, Nr)
             nonloop = None
             if self.loops:
-                nonloop = torch.stack(self._global(b["src_nl"], b["dst_nl"], 2, Nr))
-            graphs = sorted_graph_views(torch.stack([s_csr, d_csr]), Nr, self.views,
+                nl, nl_valid = self._global(b["src_nl"], b["dst_nl"], 2)
+                nonloop = torch.where(nl_valid, nl, Nr)
+            graphs = sorted_graph_views(csr, Nr, self.views,
                                         [self.max_deg[v][0] for v in self.views],
                                         [self.max_deg[v][1] for v in self.views], nonloop)
             for v, g in zip(self.views, graphs):

@@ -33,10 +33,10 @@ def masked_cross_entropy(logits: Tensor, y: Tensor, mask: Tensor, num_classes: i
     per_row = F.cross_entropy(logits, y, reduction="none")
     if weighted:
         counts = torch.zeros(num_classes, dtype=logits.dtype, device=logits.device)
-        counts = counts.index_add(0, y.clamp(0, num_classes - 1), m)
+        counts = counts.index_add(0, y, m)
         V = m.sum()
         weight = (V - counts) / V * (counts > 0).to(logits.dtype)
-        w = weight[y.clamp(0, num_classes - 1)] * m
+        w = weight[y] * m
     else:
         w = m
     return (w * per_row).sum() / w.sum()
