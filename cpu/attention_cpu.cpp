@@ -365,7 +365,7 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
             if (a.edge) z += static_cast<float>(a.edge[eo * H + h]);
             const float g = dS * dleaky(z, a.slope);
             b.ds[e * H + h] = g;
-            acc[h] += g;
+            acc[h] += g - dS;  // centred (cuda/attention_kernels.cuh, "Centred row sums")
             if (b.d_edge) b.d_edge[eo * H + h] = static_cast<T>(g);
           } else if constexpr (KIND == DOT) {
             const float g = dS * a.scale;
@@ -394,8 +394,8 @@ void backward_rows(const Args<T, I>& a, const BwdPtrs<T>& b, const float* att,
               const float z = x[f] + xih[f];
               const float gz = g * at[f] * (z > 0.f ? 1.f : slope);
               dv[f] = gz;
-              ac[f] += gz;
-              da[f] += g * (z > 0.f ? z : z * slope);
+              ac[f] += gz - g * at[f];  // centred (per edge here; see the GPU kernels)
+              da[f] += g * ((z > 0.f ? z : z * slope) - (xih[f] > 0.f ? xih[f] : xih[f] * slope));
             }
             if (b.d_edge) store<T>(b.d_edge + (eo * H + h) * F, dv, F);
           }

@@ -658,6 +658,24 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
 //                                    d_att    += sum_j g * LeakyReLU(z_ij)
 //   DOT:   g = dS * scale            d_dst[i]  = sum_j g * (k_j + e_ij)
 // Per-edge input gradients (edge terms) are written here too.
+//
+// Centred row sums (GAT, GATv2).  A softmax row's dS sum to zero exactly
+// (sum_j alpha_ij (dP_ij - Delta_i) = Delta_i - Delta_i), so any row constant
+// c may be subtracted from the factor dS is summed against:
+//   GAT:   d_dst[i] = sum_j dS_ij (LeakyReLU'(z_ij) - 1)
+//   GATV2: d_dst[i] = sum_j dS_ij att (LeakyReLU'(z_ij) - 1)
+//          d_att   += sum_j dS_ij LeakyReLU(z_ij) - LeakyReLU(x_i) sum_j dS_ij
+// The computed dS carry rounding (and Delta's error, from the stored O), so
+// their computed sum is not zero; summed against a large common factor (a row
+// whose logits share a large offset from x_i: LeakyReLU(z_ij) ~ LeakyReLU(x_i),
+// all slopes 1) that residue was amplified by it (GATv2's att gradient at
+// logits ~1e4 was 11x PyTorch's fp32 error, tests/nn/test_large_logits.py).
+// Centred, d_dst's factors are the slope changes only (a row with all
+// z_ij > 0 gives d_dst = 0 exactly), and d_att loses the common part of the
+// residue (LeakyReLU(x_i) times it); d_att subtracts it after the sweep, not
+// per edge, which would hold LeakyReLU(x_i) in registers (+60 B of spills).
+// Exact in exact arithmetic; split rows keep the identity (their segments'
+// sums add up to the row's).
 template <int KIND, typename T, typename I, int VEC>
 __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I> p) {
   const Group g(p.G);
@@ -728,8 +746,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
         p.pd[(b.base + t) * p.H + h] = pdv;
         if (KIND == GAT && p.d_edge) p.d_edge[b.eo[t] * p.H + h] = from_f<T>(gv);
       }
+      if constexpr (KIND == GATV2) gacc += gv;
       if constexpr (KIND == GAT) {
-        gacc += gv;
+        gacc += gv - dS;  // sum_j dS_ij (LeakyReLU'(z_ij) - 1): see "Centred row sums"
       } else if constexpr (KIND == DOT) {
 #pragma unroll
         for (int c = 0; c < kChunks<VEC>; ++c)
@@ -752,7 +771,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
           for (int k = 0; k < VEC; ++k) {
             const float zz = r.xi[c][k] + b.v[t][c][k] + ev[c][k];
             dv[c][k] = gv * r.at[c][k] * dleaky(zz, p.slope);
-            acc[c][k] += dv[c][k];
+            acc[c][k] += dv[c][k] - gv * r.at[c][k];  // centred: * (LeakyReLU' - 1)
             acc2[c][k] += gv * leaky(zz, p.slope);
           }
         if (p.d_edge && ok) store_tile<T, VEC>(ft, p.d_edge + ((int64_t)b.eo[t] * p.H + h) * F, dv);
@@ -784,7 +803,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         if (slot >= 0) p.part1[(slot * p.H + h) * F + f + k] = acc[c][k];
-        if (KIND == GATV2) p.d_att_part[(item * p.H + h) * F + f + k] = acc2[c][k];
+        if (KIND == GATV2)  // centred: - LeakyReLU(x_i) * sum_j dS_ij
+          p.d_att_part[(item * p.H + h) * F + f + k] =
+              acc2[c][k] - leaky(r.xi[c][k], p.slope) * gacc;
       }
     }
   }

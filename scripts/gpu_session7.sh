@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 7 device call: build, then the parts asked for (space-separated):
+#   tests    - the float64-reference kernel/shape tests and the large-logit
+#              gradient test (GAT/GATv2 centred row sums)
+#   cudaall  - the whole `pytest -m cuda tests`
+#   profile  - per-kernel GPU time of fused layers, fp32 vs bf16 (profile_layer.py)
+#   sanitize - compute-sanitizer memcheck on the smoke script
+# Usage: bash scripts/gpu_session7.sh OUTDIR "tests profile"
+set -u
+OUT=${1:-/tmp/s7}; PARTS=${2:-tests}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYG_DFGNN_CACHE=${PYG_DFGNN_CACHE:-/tmp/dfgnn_cache}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+t0=$(date +%s)
+python -c "import pyg_dfgnn._build as b; b.load()" > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+if has tests; then
+  timeout 300 python -m pytest -q -m cuda tests/nn/test_large_logits.py tests/ops/test_cuda_kernels.py \
+    tests/ops/test_cuda_shapes.py tests/nn/test_fuzz.py -p no:cacheprovider > "$OUT/pytest_kernels.log" 2>&1
+  echo "kernel tests: $(tail -1 "$OUT/pytest_kernels.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_kernels.log" | head -8
+fi
+if has cudaall; then
+  timeout 400 python -m pytest -q -m cuda tests -p no:cacheprovider > "$OUT/pytest_cuda.log" 2>&1
+  echo "cuda tests: $(tail -1 "$OUT/pytest_cuda.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_cuda.log" | head -8
+fi
+if has sanitize; then
+  timeout 300 compute-sanitizer --tool memcheck python scripts/sanitizer_smoke.py > "$OUT/sanitizer.log" 2>&1
+  echo "sanitizer: $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+fi
+if has profile; then
+  for spec in ${PROFILE_SPECS:-transformer:8x10 gatv2:4x64 gat:8x19 transformer:4x64}; do
+    for dt in fp32 bf16; do
+      timeout 120 python scripts/profile_layer.py --layer "${spec%%:*}" --shape "${spec##*:}" \
+        --dtype $dt --graph ${PROFILE_GRAPH:-uniform_100k} --rows 6 >> "$OUT/profile.log" 2>&1
+    done
+  done
+  grep "==" "$OUT/profile.log"
+fi
+echo "total: $(( $(date +%s) - t0 )) s"
