@@ -5,6 +5,7 @@
 #   cudaall  - the whole `pytest -m cuda tests`
 #   profile  - per-kernel GPU time of fused layers, fp32 vs bf16 (profile_layer.py)
 #   sanitize - compute-sanitizer memcheck on the smoke script
+#   ncu      - Nsight Compute sections of the three kernels of a layer f+b (NCU_SPECS)
 # Usage: bash scripts/gpu_session7.sh OUTDIR "tests profile"
 set -u
 OUT=${1:-/tmp/s7}; PARTS=${2:-tests}
@@ -38,5 +39,15 @@ if has profile; then
     done
   done
   grep "==" "$OUT/profile.log"
+fi
+if has ncu; then
+  for spec in ${NCU_SPECS:-transformer:8x10:fp32 transformer:8x10:bf16}; do
+    IFS=: read -r L S D <<< "$spec"
+    timeout 200 ncu -k regex:'fwd_kernel|bwd_row|bwd_col' --launch-skip 6 --launch-count 3 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      python scripts/ncu_layer.py --layer $L --shape $S --dtype $D > "$OUT/ncu_${L}_${S}_${D}.txt" 2>&1
+    echo "ncu $spec: $(grep -c 'Duration' "$OUT/ncu_${L}_${S}_${D}.txt") kernels"
+  done
 fi
 echo "total: $(( $(date +%s) - t0 )) s"
