@@ -42,6 +42,22 @@ namespace dfgnn {
 enum Kind : int { GAT = 0, GATV2 = 1, DOT = 2 };
 
 constexpr int kThreads = 256;
+// Resident blocks per SM the compiler must allow (register cap 65536 /
+// (kThreads * blocks)): 2 -> 128 registers, 3 -> 80, 4 -> 64.  The kernels
+// are latency-bound gathers (docs/KERNELS.md, session 7), so occupancy is
+// traded against spills per kernel; DFGNN_*_BLOCKS override them for tuning.
+#ifndef DFGNN_FWD_BLOCKS
+#define DFGNN_FWD_BLOCKS 0
+#endif
+#ifndef DFGNN_ROW_BLOCKS
+#define DFGNN_ROW_BLOCKS 0
+#endif
+#ifndef DFGNN_COL_BLOCKS
+#define DFGNN_COL_BLOCKS 0
+#endif
+template <int KIND> constexpr int kFwdBlocks = DFGNN_FWD_BLOCKS ? DFGNN_FWD_BLOCKS : (KIND == GAT ? 3 : 2);
+template <int KIND> constexpr int kRowBlocks = DFGNN_ROW_BLOCKS ? DFGNN_ROW_BLOCKS : 2;
+template <int KIND> constexpr int kColBlocks = DFGNN_COL_BLOCKS ? DFGNN_COL_BLOCKS : 2;
 constexpr int kMaxChunks = 2;  // feature chunks per lane per tile (registers)
 // Chunks per lane for a vector width: at most 8 fp32 registers per tile, so
 // 16-byte fp16/bf16 vectors (8 elements) take one chunk, float4 two.
@@ -300,7 +316,10 @@ __device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
 // softmax needs no further communication.
 // Edges per batch (4: the key and value rows of a dot-product batch take 64
 // fp32 registers; 8 spilled for GATv2 and was slower for GAT).
-template <int KIND> constexpr int kBatch = 4;
+#ifndef DFGNN_BATCH
+#define DFGNN_BATCH 4
+#endif
+template <int KIND> constexpr int kBatch = DFGNN_BATCH;
 // The column pass gathers two rows per edge except for GAT (dO only).
 template <int KIND> constexpr int kColBatch = KIND == GAT ? 8 : 4;
 
@@ -585,7 +604,7 @@ __device__ __forceinline__ void fwd_group_edges(const Params<T, I>& p, const Gro
 }
 
 template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads, KIND == GAT ? 3 : 2) fwd_kernel(const Params<T, I> p) {
+__global__ void __launch_bounds__(kThreads, kFwdBlocks<KIND>) fwd_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.rowptr, it)) return;
@@ -677,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
 // Exact in exact arithmetic; split rows keep the identity (their segments'
 // sums add up to the row's).
 template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I> p) {
+__global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.rowptr, it)) return;
@@ -819,7 +838,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_row_kernel(const Params<T, I>
 // Batches of kColBatch<KIND> transposed edges as in the row pass; per-feature sums
 // only, so a launch column needs just its own feature tile.
 template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads, 2) bwd_col_kernel(const Params<T, I> p) {
+__global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.t_rowptr, it)) return;

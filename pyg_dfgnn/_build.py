@@ -268,6 +268,9 @@ def load(verbose: bool = False):
             flags = ["-O3", "-std=c++17", "-lineinfo",
                      f"-gencode=arch=compute_{arch},code=sm_{arch}",
                      "--expt-relaxed-constexpr"]
+            # developer tuning only (e.g. -DDFGNN_FWD_BLOCKS=3); use a separate
+            # PYG_DFGNN_CACHE per flag set
+            flags += os.environ.get("PYG_DFGNN_NVCC_EXTRA", "").split()
             pip_inc, pip_ld = _pip_cuda_flags()
             _module = _load(name="pyg_dfgnn_C", sources=[str(s) for s in sources()],
                             extra_cflags=["-O3", "-std=c++17"] + pip_inc,

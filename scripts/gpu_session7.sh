@@ -5,6 +5,7 @@
 #   cudaall  - the whole `pytest -m cuda tests`
 #   profile  - per-kernel GPU time of fused layers, fp32 vs bf16 (profile_layer.py)
 #   sanitize - compute-sanitizer memcheck on the smoke script
+#   variants - kernel times per launch-bounds variant (VARIANTS, PROFILE_SPECS)
 #   ncu      - Nsight Compute sections of the three kernels of a layer f+b (NCU_SPECS)
 # Usage: bash scripts/gpu_session7.sh OUTDIR "tests profile"
 set -u
@@ -49,5 +50,23 @@ if has ncu; then
       python scripts/ncu_layer.py --layer $L --shape $S --dtype $D > "$OUT/ncu_${L}_${S}_${D}.txt" 2>&1
     echo "ncu $spec: $(grep -c 'Duration' "$OUT/ncu_${L}_${S}_${D}.txt") kernels"
   done
+fi
+if has variants; then
+  # kernel time per launch-bounds variant (separate build caches); VARIANTS is
+  # a ';'-separated list of nvcc flag sets, "" = the defaults
+  IFS=';' read -ra VS <<< "${VARIANTS:-;-DDFGNN_FWD_BLOCKS=3 -DDFGNN_ROW_BLOCKS=3 -DDFGNN_COL_BLOCKS=3}"
+  vi=0
+  for v in "${VS[@]}"; do
+    vi=$((vi + 1))
+    echo "== variant $vi: '${v}'" | tee -a "$OUT/variants.log"
+    for spec in ${PROFILE_SPECS:-transformer:8x10 gat:8x19 gatv2:4x64 transformer:4x64}; do
+      for dt in fp32 bf16; do
+        PYG_DFGNN_NVCC_EXTRA="$v" PYG_DFGNN_CACHE=/tmp/dfgnn_var$vi timeout 240 python scripts/profile_layer.py \
+          --layer "${spec%%:*}" --shape "${spec##*:}" --dtype $dt --graph ${PROFILE_GRAPH:-uniform_100k} \
+          --rows 4 2>/dev/null | grep -E "==.*forward\+backward|dfgnn::" | sed 's/(dfgnn::Params.*//; s/void dfgnn:://' >> "$OUT/variants.log"
+      done
+    done
+  done
+  cat "$OUT/variants.log"
 fi
 echo "total: $(( $(date +%s) - t0 )) s"
