@@ -423,8 +423,9 @@ def test_cpu_run_is_refused(tmp_path, tiny_args, capsys):
 @pytest.mark.parametrize("model", ["gat", "gt", "agnn"])
 def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
     """Captured and replayed steps compute what the same padded steps compute
-    eagerly on the GPU (the same kernels on the same buffers), and nothing
-    syncs inside a step (a sync would fail the capture)."""
+    eagerly on the GPU (the same kernels on the same buffers), in three size
+    buckets of one run (their graphs share one memory pool), and nothing syncs
+    inside a step (a sync would fail the capture)."""
     from pyg_dfgnn.train.config import load_config
     from pyg_dfgnn.train.graphed import WARMUP_STEPS, GraphedSteps, StaticBatches
     from pyg_dfgnn.train.metrics import masked_cross_entropy
@@ -436,27 +437,49 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
     cfg = load_config(str(CONFIGS / "pattern_gat_quick.yaml"),
                       [f"model.name={model}", "model.hidden=16", "model.heads=2",
                        "model.layers=2", "model.dropout=0.0"])
+    order = np.argsort(store.n)
+    S, L = order[:2], order[-4:]               # the smallest pair, the largest four
+    probe = StaticBatches([store], 4, torch.device("cpu"), views)
+    tS = probe.totals(store, S)
+    mid = tuple(max(a, b) + 64 for a, b in zip(tS, probe.totals(store, order[2:4])))
+    buckets = [tS, mid]                        # S exactly; then a middle one; worst case
     rng = np.random.default_rng(0)
-    batches = [rng.permutation(12)[:int(rng.integers(2, 5))] for _ in range(WARMUP_STEPS + 4)]
+    rand = [rng.permutation(12)[:int(rng.integers(2, 5))] for _ in range(6)]
+    # warm-up in S, then L's first use (eager), its capture and replays, random ones
+    batches = [S] * WARMUP_STEPS + [L, S, L, S, L] + rand + [L, S]
+    evals = [S, S, S, L, L, L] + rand[:3]
 
     def run(capture):
         torch.manual_seed(0)
         net = build_model(cfg.model, 3, 2, True, "fused").to(dev)
         opt = torch.optim.Adam(net.parameters(), lr=torch.tensor(5e-3, device=dev),
                                capturable=True, fused=True)
-        static = StaticBatches([store], 4, dev, views)
+        static = StaticBatches([store], 4, dev, views, buckets=buckets)
+        assert len(static.buckets) == 3
         steps = GraphedSteps(net, opt, static,
                              lambda o, y, m: masked_cross_entropy(o, y, m, 2, True),
                              lambda: __import__("contextlib").nullcontext(), capture)
-        losses = [float(steps.train_step(store, ids)[1]) for ids in batches]
-        evals = [float(steps.eval_step(store, ids)[1]) for ids in batches[:3]]
-        assert (steps.train_graph is not None) == capture
-        assert (steps.eval_graph is not None) == capture
-        return losses, evals, {k: v.detach().clone() for k, v in net.state_dict().items()}
+        losses, outs = [], []
+        for ids in batches:
+            out, loss, n = steps.train_step(store, ids)
+            losses.append(float(loss))
+            outs.append(out[:n].float().cpu())     # read before the next step
+        evals_ = [float(steps.eval_step(store, ids)[1]) for ids in evals]
+        cap = steps.captured
+        if capture:
+            assert {0, len(static.buckets) - 1} <= set(cap["train"])
+            assert {0, len(static.buckets) - 1} <= set(cap["eval"])
+        else:
+            assert cap == {"train": [], "eval": []}
+        for st in opt.state.values():              # one optimiser step per batch
+            assert int(st["step"]) == len(batches)
+        return losses, outs, evals_, {k: v.detach().clone() for k, v in net.state_dict().items()}
 
-    l_e, v_e, s_e = run(False)
-    l_g, v_g, s_g = run(True)
+    l_e, o_e, v_e, s_e = run(False)
+    l_g, o_g, v_g, s_g = run(True)
     assert l_g == pytest.approx(l_e, rel=1e-5)
     assert v_g == pytest.approx(v_e, rel=1e-5)
+    for a, b in zip(o_e, o_g):    # a replay's outputs are its own batch's
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     for k in s_e:
         torch.testing.assert_close(s_g[k], s_e[k], rtol=1e-4, atol=1e-5, msg=k)
