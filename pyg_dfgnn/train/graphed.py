@@ -52,10 +52,13 @@ __all__ = ["StaticBatches", "GraphedSteps", "capacity", "worst_case", "batch_tot
 WARMUP_STEPS = 3
 
 #: ``cuda_graph_buckets`` -> the batch-total quantiles of the buckets below the
-#: worst case (see :func:`bucket_capacities`)
+#: tail bucket (see :func:`bucket_capacities`)
 BUCKET_QUANTILES: Dict[int, Tuple[float, ...]] = {
-    1: (), 2: (0.999,), 3: (0.9, 0.999), 4: (0.5, 0.9, 0.999), 5: (0.5, 0.9, 0.99, 0.999)}
-#: the largest ``cuda_graph_buckets`` (every bucket costs a capture)
+    1: (), 2: (), 3: (0.9,), 4: (0.5, 0.9), 5: (0.5, 0.9, 0.99)}
+#: the tail bucket: this many standard deviations of the batch totals above
+#: their mean (or the largest sampled total, if larger)
+TAIL_SD = 5.0
+#: the largest ``cuda_graph_buckets`` (every bucket used costs a capture)
 MAX_BUCKETS = max(BUCKET_QUANTILES)
 #: bucket capacities below the worst case are rounded up to a multiple of this
 BUCKET_ALIGN = 64
@@ -114,26 +117,52 @@ def batch_totals(stores: Sequence[Any], batch_size: int, samples: int = BUCKET_S
 def bucket_capacities(stores: Sequence[Any], batch_size: int, num_buckets: int,
                       samples: int = BUCKET_SAMPLES, seed: int = 0) -> List[Tuple[int, int, int]]:
     """The ascending ``(nodes, edges, non-loop edges)`` capacities of at most
-    ``num_buckets`` buckets.  The rule: the last bucket is the worst case
-    (:func:`worst_case`), so every batch fits; the ones below it are the
-    :data:`BUCKET_QUANTILES` of the totals of random batches
-    (:func:`batch_totals`, seeded, so the same for every run on the same data),
-    each total on its own, rounded up to a multiple of :data:`BUCKET_ALIGN` and
-    capped at the worst case; equal buckets are merged."""
-    if not isinstance(num_buckets, (int, np.integer)) or not 1 <= num_buckets <= MAX_BUCKETS:
+    ``num_buckets`` buckets, placed from the totals of random batches
+    (:func:`batch_totals`, seeded: the same for every run on the same data),
+    each total on its own:
+
+    * the last bucket is the worst case (:func:`worst_case`), so every batch
+      fits (``num_buckets=1``: this one only);
+    * below it (``num_buckets >= 2``) the *tail* bucket: the mean of the totals
+      plus :data:`TAIL_SD` standard deviations, or the largest sampled total
+      if larger.  A total is a sum of ``batch_size`` graph sizes, about normal,
+      so a random batch exceeds it with a probability of about 3e-7: in
+      practice no batch needs the worst case, whose graph is never captured
+      (for PATTERN at batch 128 the worst case is far above any real batch);
+    * below the tail (``num_buckets >= 3``) buckets that hold the
+      :data:`BUCKET_QUANTILES` shares of the batches (3: 90%; 4: 50%, 90%; 5:
+      50%, 90%, 99%): a batch's *level* is the largest of its totals'
+      empirical quantile levels; the bucket for share ``q`` holds, in every
+      total, the batches whose level is at most the ``q``-quantile of the
+      levels (the per-total quantiles alone would hold fewer batches where the
+      totals are not fully correlated).
+
+    Every bucket below the worst case is rounded up to a multiple of
+    :data:`BUCKET_ALIGN` and capped at the worst case; equal buckets are
+    merged (small data sets may have fewer buckets)."""
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, (int, np.integer)) \
+            or not 1 <= num_buckets <= MAX_BUCKETS:
         raise ValueError(f"'num_buckets' must be an int in 1..{MAX_BUCKETS}, got {num_buckets!r}")
     worst = np.asarray(worst_case(stores, batch_size), np.int64)
-    ladder = []
-    qs = BUCKET_QUANTILES[int(num_buckets)]
-    if qs:
+    bounds = []
+    if num_buckets >= 2:
         tot = batch_totals(stores, batch_size, samples, seed)
-        for q in qs:
-            b = np.quantile(tot, q, axis=0, method="higher").astype(np.int64)
-            b = np.minimum(-(-b // BUCKET_ALIGN) * BUCKET_ALIGN, worst)
-            ladder.append(tuple(int(v) for v in b))
+        S = tot.shape[0]
+        level = np.max([np.searchsorted(np.sort(tot[:, j]), tot[:, j], side="right")
+                        for j in range(tot.shape[1])], axis=0) / S
+        for q in BUCKET_QUANTILES[int(num_buckets)]:
+            held = level <= np.quantile(level, q, method="higher")
+            bounds.append(tot[held].max(0))
+        mean, sd = tot.mean(0), tot.std(0)
+        bounds.append(np.maximum(tot.max(0), np.ceil(mean + TAIL_SD * sd)))
+    ladder = []
+    for b in bounds:
+        b = np.asarray(b, np.int64)
+        b = np.minimum(-(-b // BUCKET_ALIGN) * BUCKET_ALIGN, worst)
+        ladder.append(tuple(int(v) for v in b))
     ladder.append(tuple(int(v) for v in worst))
     out: List[Tuple[int, int, int]] = []
-    for b in ladder:   # per-total quantiles are ascending; drop repeats
+    for b in ladder:   # the bounds ascend in every total; drop repeats
         if not out or b != out[-1]:
             out.append(b)
     return out
@@ -404,8 +433,15 @@ class GraphedSteps:
 
     Memory: every graph of the run is captured into **one** private memory
     pool, so a graph may reuse what another one's capture freed, and the pool
-    holds about the largest graph's working memory rather than the sum.  That
-    is safe because (1) the graphs never run concurrently: every replay and
+    holds about the largest graph's working memory rather than the sum.  For
+    that the largest training graph must be captured first: a smaller graph's
+    freed blocks are too small for a larger graph's tensors (the allocator
+    would add segments, and the pool would grow towards the sum of the
+    graphs), while a larger graph's freed blocks are split for a smaller
+    one's.  So, before capturing the training graph of a bucket larger than
+    every one captured so far, all graphs and their pool are dropped (their
+    buckets stay warm and capture again on their next batches): at most one
+    such restart per bucket and run.  Sharing is safe because (1) the graphs never run concurrently: every replay and
     capture is issued from this object on the current stream, in order;
     (2) a graph reads only what is outside the pool -- the static buffers,
     parameters, optimiser state and BatchNorm statistics (created eagerly
@@ -489,9 +525,13 @@ class GraphedSteps:
             self._warm_train.add(b)
             self.steps += 1
             return out, loss, n
-        # capture this step (recording runs nothing), then run it
+        # capture this step (recording runs nothing), then run it; the largest
+        # training graph first in the pool (class docstring)
+        if self.train_graphs and b > max(self.train_graphs):
+            self._drop_graphs()
         self.opt.zero_grad(set_to_none=True)
         self.train_graphs[b], self._train_out[b] = self._capture(lambda: self._train_body(b))
+        self.captures += 1
         self.steps += 1
         out, loss = self._train_out[b]
         return out, loss, n
@@ -529,6 +569,7 @@ class GraphedSteps:
             self._warm_eval.add(b)
             return out, loss, n
         self.eval_graphs[b], self._eval_out[b] = self._capture(lambda: self._forward(b))
+        self.captures += 1
         out, loss = self._eval_out[b]
         return out, loss, n
 
@@ -537,14 +578,21 @@ class GraphedSteps:
         """The buckets with a captured training / evaluation graph."""
         return {"train": sorted(self.train_graphs), "eval": sorted(self.eval_graphs)}
 
-    def reset(self) -> None:
-        """Drop the captured graphs and their pool (e.g. after the parameters
-        were replaced); the next steps warm up and capture again."""
+    def _drop_graphs(self) -> None:
+        """Drop the captured graphs, their outputs and their pool (whose
+        memory the next capture's ``empty_cache`` returns)."""
         self.train_graphs: Dict[int, Any] = {}
         self.eval_graphs: Dict[int, Any] = {}
         self._train_out: Dict[int, Tuple[Tensor, Tensor]] = {}
         self._eval_out: Dict[int, Tuple[Tensor, Tensor]] = {}
+        self._pool = None
+
+    def reset(self) -> None:
+        """Drop the captured graphs and their pool (e.g. after the parameters
+        were replaced); the next steps warm up and capture again."""
+        self._drop_graphs()
         self._warm_train: set = set()
         self._warm_eval: set = set()
-        self._pool = None
         self.steps = 0
+        #: graphs captured so far (restarts included)
+        self.captures = 0

@@ -129,36 +129,64 @@ def test_static_views_equal_the_batch_views_on_the_real_rows(loops, bucket):
         assert torch.equal(g.t_perm[:m].long(), ref.t_perm.long())
 
 
+def _size_stores(seed=0):
+    """Stand-ins for GraphBatchers with only what the ladder reads: per-graph
+    nodes, edges and self-loops of 3000 + 600 PATTERN-like graphs."""
+    from types import SimpleNamespace
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in (3000, 600):
+        n = rng.integers(44, 189, g)
+        e = n * rng.integers(20, 60, g)
+        loops = rng.integers(0, 3, g) * (rng.random(g) < 0.3)
+        out.append(SimpleNamespace(n=n, e=e, loops=loops, num_graphs=g))
+    return out
+
+
 def test_bucket_ladder_follows_the_rule():
-    """The ladder: ascending, at most ``num_buckets`` buckets, the last the
-    worst case (what the single capacity was), the others the quantiles of
-    random batch totals rounded up to 64; deterministic (seeded)."""
-    from pyg_dfgnn.train.graphed import (BUCKET_ALIGN, BUCKET_QUANTILES, batch_totals,
-                                         bucket_capacities, capacity, worst_case)
-    stores = [_store(_graphs(40, 4, loops=True), (True,)), _store(_graphs(12, 9), (True,))]
-    B = 5
+    """The ladder (:func:`bucket_capacities`): ascending, ``num_buckets``
+    buckets, the last the worst case (what the single capacity was), below it
+    the tail bound (mean + 5 sd of random batch totals, at least their
+    maximum), below that the quantiles; each rounded up to a multiple of 64;
+    deterministic (seeded)."""
+    from pyg_dfgnn.train.graphed import (BUCKET_ALIGN, BUCKET_QUANTILES, TAIL_SD,
+                                         batch_totals, bucket_capacities, capacity,
+                                         worst_case)
+    stores = _size_stores()
+    B = 32
     worst = worst_case(stores, B)
     assert worst[:2] == (max(capacity(s.n, B) for s in stores),
                          max(capacity(s.e, B) for s in stores))
     assert worst[2] == max(capacity(s.e - s.loops, B) for s in stores)
-    tot = batch_totals(stores, B, samples=2000)
-    assert tot.shape[1] == 3 and 1900 <= len(tot) <= 2100
+    tot = batch_totals(stores, B, samples=4000)
+    assert tot.shape[1] == 3 and 4000 <= len(tot) <= 4100
     assert (tot <= np.asarray(worst)).all()
+    assert np.array_equal(tot, batch_totals(stores, B, samples=4000))     # seeded
+    tail = np.maximum(tot.max(0), tot.mean(0) + TAIL_SD * tot.std(0))
+    # a batch's level: the largest share of batches at or below one of its totals
+    level = np.max([(tot[None, :, j] <= tot[:, None, j]).mean(1) for j in range(3)], 0)
     for k in range(1, 6):
-        ladder = bucket_capacities(stores, B, k, samples=2000)
-        assert ladder == bucket_capacities(stores, B, k, samples=2000)     # seeded
-        assert 1 <= len(ladder) <= k and ladder[-1] == worst
+        ladder = bucket_capacities(stores, B, k, samples=4000)
+        assert len(ladder) == k and ladder[-1] == worst
         for a, b in zip(ladder, ladder[1:]):
-            assert a != b and all(x <= y for x, y in zip(a, b))
-        qs = BUCKET_QUANTILES[k]
-        if len(ladder) == k:    # nothing merged: bucket i is quantile i
-            for q, b in zip(qs, ladder):
-                for j in range(3):
-                    assert b[j] == worst[j] or b[j] % BUCKET_ALIGN == 0
-                    assert (tot[:, j] <= b[j]).mean() >= q
-    assert len(bucket_capacities(stores, B, 4, samples=2000)) > 1   # this data: real buckets
+            assert all(x <= y for x, y in zip(a, b)) and a != b
+        for i, b in enumerate(ladder[:-1]):
+            if i < k - 2:
+                q = BUCKET_QUANTILES[k][i]
+                bound = tot[level <= np.quantile(level, q, method="higher")].max(0)
+                # the bucket holds at least that share of the batches, in every total
+                assert (tot <= np.asarray(b)).all(1).mean() >= q
+            else:
+                bound = tail
+                assert (tot <= np.asarray(b)).all()
+            for j in range(3):      # the smallest multiple of 64 at or above the bound
+                assert b[j] % BUCKET_ALIGN == 0 and b[j] - BUCKET_ALIGN < bound[j] <= b[j]
     with pytest.raises(ValueError, match="num_buckets"):
         bucket_capacities(stores, B, 6)
+    # a small data set: buckets merge with the worst case
+    real = [_store(_graphs(12, 9), (True,))]
+    lad = bucket_capacities(real, 5, 4)
+    assert 1 <= len(lad) <= 4 and lad[-1] == worst_case(real, 5)
 
 
 def test_every_batch_goes_to_the_smallest_bucket_that_holds_it():
@@ -349,11 +377,15 @@ def test_bucketed_steps_equal_the_eager_steps_in_float64(model, mode, monkeypatc
     for st in opt.state.values():                      # one optimiser step per batch
         assert int(st["step"]) == len(train)
     if mode == "fake":
-        # S: eager (warm-up), capture, replay; L: eager (first use), capture, replay;
-        # M: eager (first use), capture. Eval: eager first use, capture, replay.
+        # train S L S S L M L S M M: S eager (warm-up), L eager (first use), S
+        # captured, replayed; L captured -- larger than S, so S's graph is dropped
+        # first (the largest graph first in the pool); M eager (first use); L
+        # replayed; S captured again (no drop: smaller); M captured, replayed.
+        # Eval S S S L L L M: eager at a bucket's first use, then capture, replay.
         assert steps.captured == {"train": [0, 1, 2], "eval": [0, 2]}
-        assert [steps.train_graphs[b].replays for b in range(3)] == [2, 1, 1]
+        assert [steps.train_graphs[b].replays for b in range(3)] == [0, 1, 1]
         assert steps.eval_graphs[0].replays == 1 and steps.eval_graphs[2].replays == 1
+        assert steps.captures == 4 + 2
     else:
         assert steps.captured == {"train": [], "eval": []}
 
