@@ -9,11 +9,16 @@ replays it with one launch, so the host no longer sets the pace.
 
 A graph replays fixed shapes and fixed addresses, while every batch has other
 sizes.  :class:`StaticBatches` therefore packs each batch into buffers of
-fixed *capacity*:
+fixed *capacity*, from a small ascending ladder of size *buckets* (each with
+its own captured graphs, :class:`GraphedSteps`): a batch goes to the smallest
+bucket that holds its node and edge totals; the largest bucket is the worst
+case -- the largest totals any ``batch_size`` graphs of the data set can have
+-- so every batch fits, and the ones below it are placed from the totals of
+random batches (:func:`bucket_capacities`), which concentrate far below the
+worst case.  In its bucket a batch has
 
-* nodes: the largest total node count any ``batch_size`` graphs of the data
-  set can have, plus one padding node; the rows past the batch's nodes are
-  zero and masked;
+* nodes: the bucket's capacity plus one padding node (the bucket's last
+  row); the rows past the batch's nodes are zero and masked;
 * edges: likewise; the edges past the batch's are padding.  The layers get
   them as loops on the padding node (valid indices, so PyG's own layers run
   too); the fused layers' CSR views leave them out entirely (built inside the

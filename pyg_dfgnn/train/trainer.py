@@ -459,13 +459,14 @@ class _Run:
         return GraphedSteps(self.model, self.opt, static, loss_fn, autocast, capture)
 
     def _graphed_summary(self) -> Dict[str, Any]:
-        """results.json ``training.cuda_graphs``: the worst-case capacity and,
-        per bucket, its capacity, its batches and whether its graphs were
-        captured."""
+        """results.json ``training.cuda_graphs``: the worst-case capacity, the
+        graphs captured (restarts included) and, per bucket, its capacity, its
+        batches and whether its graphs are captured at the end."""
         g = self.graphed
         s = g.static
         cap = g.captured
         return {"captured": g.capture, "num_nodes": s.num_nodes, "num_edges": s.e_cap,
+                "captures": g.captures,
                 "cuda_graph_buckets": [
                     {"num_nodes": n + 1, "num_edges": e, "train_steps": g.train_counts[i],
                      "eval_batches": g.eval_counts[i],
