@@ -386,8 +386,9 @@ class StaticBatches:
         fused layers, their CSR views registered in the graph cache for this
         ``edge_index`` (padding edges left out)."""
         bucket = self.bucket if bucket is None else int(bucket)
-        if not 0 <= bucket < len(self.buckets):
-            raise ValueError(f"'bucket' must be in 0..{len(self.buckets) - 1}, got {bucket}")
+        if not self.bucket <= bucket < len(self.buckets):
+            raise ValueError(f"'bucket' must be in {self.bucket}..{len(self.buckets) - 1} "
+                             f"(the loaded batch's bucket or a larger one), got {bucket}")
         n_cap, e_cap, enl_cap = self.buckets[bucket]
         b = self.buffers
         Nr = n_cap + 1

@@ -213,6 +213,9 @@ def test_every_batch_goes_to_the_smallest_bucket_that_holds_it():
         assert inp["edge_index"].size(1) == static.buckets[b][1]
         seen.add(b)
     assert len(seen) >= 2
+    static.load(store, np.argsort(store.n)[-B:])
+    with pytest.raises(ValueError, match="'bucket' must be in"):
+        static.inputs(0)                          # would cut the batch
     # the heaviest batch is in the last bucket
     heavy = np.argsort(store.n)[-B:]
     assert static.bucket_of(store, heavy) == len(static.buckets) - 1
