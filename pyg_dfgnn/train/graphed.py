@@ -447,8 +447,9 @@ class GraphedSteps:
     one's.  So, before capturing the training graph of a bucket larger than
     every one captured so far, all graphs and their pool are dropped (their
     buckets stay warm and capture again on their next batches): at most one
-    such restart per bucket and run.  Sharing is safe because (1) the graphs never run concurrently: every replay and
-    capture is issued from this object on the current stream, in order;
+    such restart per bucket and run.  Sharing is safe because (1) the graphs
+    never run concurrently: every replay and capture is issued from this
+    object on the current stream, in order;
     (2) a graph reads only what is outside the pool -- the static buffers,
     parameters, optimiser state and BatchNorm statistics (created eagerly
     before the first capture and updated in place) -- or what it wrote itself

@@ -327,7 +327,7 @@ class _FakeGraph:
 
 def _fake_capture(monkeypatch):
     """GraphedSteps with ``capture=True`` on CPU: its schedule (which step runs
-    eagerly, which captures, which replays) with :class:`_FakeGraph`\ s; a
+    eagerly, which captures, which replays) with :class:`_FakeGraph` objects; a
     replay rewrites the gradients the capture allocated (``zero_grad``)."""
     from pyg_dfgnn.train.graphed import GraphedSteps
 
