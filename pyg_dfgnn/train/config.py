@@ -244,6 +244,9 @@ class TrainConfig:
     cuda_graphs: bool = _f(False, help="capture the training step and the evaluation forward "
                                        "as CUDA graphs (batches of small graphs on CUDA; "
                                        "batches padded to a fixed size, see docs/TRAINING.md)")
+    cuda_graph_buckets: int = _f(4, help="cuda_graphs: size buckets (1..5), each with its own "
+                                         "captured graphs; a batch is padded to the smallest "
+                                         "that holds it (1 = the worst case only)")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -518,6 +521,10 @@ def _validate(cfg: TrainConfig) -> None:
 def _validate_cuda_graphs(cfg: TrainConfig) -> None:
     """``cuda_graphs``: what a replayed step cannot redo (pyg_dfgnn/train/graphed.py);
     the data-dependent conditions are checked when the data is loaded."""
+    from .graphed import MAX_BUCKETS
+    if not 1 <= cfg.cuda_graph_buckets <= MAX_BUCKETS:
+        raise ConfigError(f"cuda_graph_buckets: must be 1..{MAX_BUCKETS} (1 = one worst-case "
+                          f"size), got {cfg.cuda_graph_buckets}")
     if not cfg.cuda_graphs:
         return
     if cfg.device == "cpu":

@@ -9,11 +9,16 @@ replays it with one launch, so the host no longer sets the pace.
 
 A graph replays fixed shapes and fixed addresses, while every batch has other
 sizes.  :class:`StaticBatches` therefore packs each batch into buffers of
-fixed *capacity*:
+fixed *capacity*, from a small ascending ladder of size *buckets* (each with
+its own captured graphs, :class:`GraphedSteps`): a batch goes to the smallest
+bucket that holds its node and edge totals; the largest bucket is the worst
+case -- the largest totals any ``batch_size`` graphs of the data set can have
+-- so every batch fits, and the ones below it are placed from the totals of
+random batches (:func:`bucket_capacities`), which concentrate far below the
+worst case.  In its bucket a batch has
 
-* nodes: the largest total node count any ``batch_size`` graphs of the data
-  set can have, plus one padding node; the rows past the batch's nodes are
-  zero and masked;
+* nodes: the bucket's capacity plus one padding node (the bucket's last
+  row); the rows past the batch's nodes are zero and masked;
 * edges: likewise; the edges past the batch's are padding.  The layers get
   them as loops on the padding node (valid indices, so PyG's own layers run
   too); the fused layers' CSR views leave them out entirely (built inside the
@@ -37,7 +42,7 @@ host, and optimisers without a capturable implementation.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -45,10 +50,25 @@ from torch import Tensor
 
 from .. import graph as _graph
 
-__all__ = ["StaticBatches", "GraphedSteps", "capacity"]
+__all__ = ["StaticBatches", "GraphedSteps", "capacity", "worst_case", "batch_totals",
+           "bucket_capacities"]
 
 #: eager steps before a capture (lazy initialisation, optimiser state)
 WARMUP_STEPS = 3
+
+#: ``cuda_graph_buckets`` -> the batch-total quantiles of the buckets below the
+#: tail bucket (see :func:`bucket_capacities`)
+BUCKET_QUANTILES: Dict[int, Tuple[float, ...]] = {
+    1: (), 2: (), 3: (0.9,), 4: (0.5, 0.9), 5: (0.5, 0.9, 0.99)}
+#: the tail bucket: this many standard deviations of the batch totals above
+#: their mean (or the largest sampled total, if larger)
+TAIL_SD = 5.0
+#: the largest ``cuda_graph_buckets`` (every bucket used costs a capture)
+MAX_BUCKETS = max(BUCKET_QUANTILES)
+#: bucket capacities below the worst case are rounded up to a multiple of this
+BUCKET_ALIGN = 64
+#: random batches drawn (over all stores) to place the bucket bounds
+BUCKET_SAMPLES = 8192
 
 
 def capacity(sizes: np.ndarray, batch_size: int) -> int:
@@ -59,14 +79,114 @@ def capacity(sizes: np.ndarray, batch_size: int) -> int:
     return int(np.sort(sizes)[-k:].sum())
 
 
+def _sizes(store: Any) -> np.ndarray:
+    """``[num_graphs, 3]``: nodes, edges and non-loop edges of each graph."""
+    return np.stack([store.n, store.e, store.e - store.loops], 1).astype(np.int64)
+
+
+def worst_case(stores: Sequence[Any], batch_size: int) -> Tuple[int, int, int]:
+    """The capacity every batch fits: the largest node, edge and non-loop edge
+    totals any ``batch_size`` graphs of one of ``stores`` can have (each
+    maximised on its own)."""
+    per = [_sizes(s) for s in stores]
+    return tuple(max(capacity(p[:, j], batch_size) for p in per) for j in range(3))
+
+
+def batch_totals(stores: Sequence[Any], batch_size: int, samples: int = BUCKET_SAMPLES,
+                 seed: int = 0) -> np.ndarray:
+    """``[S, 3]`` node, edge and non-loop edge totals of random batches of
+    ``batch_size`` graphs: each store contributes its share of the graphs of
+    ``samples``, as full batches of random permutations (an epoch's shuffled
+    batches); a store of fewer graphs than ``batch_size`` is one batch."""
+    rng = np.random.default_rng(seed)
+    B = int(batch_size)
+    G = sum(int(s.num_graphs) for s in stores)
+    out = []
+    for s in stores:
+        sz = _sizes(s)
+        g = sz.shape[0]
+        per = g // B
+        if per == 0:
+            out.append(sz.sum(0, keepdims=True))
+            continue
+        want = max(1, -(-int(samples) * g // G))
+        parts, have = [], 0
+        while have < want:
+            idx = rng.permutation(g)[:per * B].reshape(per, B)
+            parts.append(sz[idx].sum(1))
+            have += per
+        out.append(np.concatenate(parts)[:want])
+    return np.concatenate(out)
+
+
+def bucket_capacities(stores: Sequence[Any], batch_size: int, num_buckets: int,
+                      samples: int = BUCKET_SAMPLES, seed: int = 0) -> List[Tuple[int, int, int]]:
+    """The ascending ``(nodes, edges, non-loop edges)`` capacities of at most
+    ``num_buckets`` buckets, placed from the totals of random batches
+    (:func:`batch_totals`, seeded: the same for every run on the same data),
+    each total on its own:
+
+    * the last bucket is the worst case (:func:`worst_case`), so every batch
+      fits (``num_buckets=1``: this one only);
+    * below it (``num_buckets >= 2``) the *tail* bucket: the mean of the totals
+      plus :data:`TAIL_SD` standard deviations, or the largest sampled total
+      if larger.  A total is a sum of ``batch_size`` graph sizes, about normal,
+      so a random batch exceeds it with a probability of about 3e-7: in
+      practice no batch needs the worst case, whose graph is never captured
+      (for PATTERN at batch 128 the worst case is far above any real batch);
+    * below the tail (``num_buckets >= 3``) buckets that hold the
+      :data:`BUCKET_QUANTILES` shares of the batches (3: 90%; 4: 50%, 90%; 5:
+      50%, 90%, 99%): a batch's *level* is the largest of its totals'
+      empirical quantile levels; the bucket for share ``q`` holds, in every
+      total, the batches whose level is at most the ``q``-quantile of the
+      levels (the per-total quantiles alone would hold fewer batches where the
+      totals are not fully correlated).
+
+    Every bucket below the worst case is rounded up to a multiple of
+    :data:`BUCKET_ALIGN` and capped at the worst case; equal buckets are
+    merged (small data sets may have fewer buckets)."""
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, (int, np.integer)) \
+            or not 1 <= num_buckets <= MAX_BUCKETS:
+        raise ValueError(f"'num_buckets' must be an int in 1..{MAX_BUCKETS}, got {num_buckets!r}")
+    worst = np.asarray(worst_case(stores, batch_size), np.int64)
+    bounds = []
+    if num_buckets >= 2:
+        tot = batch_totals(stores, batch_size, samples, seed)
+        S = tot.shape[0]
+        level = np.max([np.searchsorted(np.sort(tot[:, j]), tot[:, j], side="right")
+                        for j in range(tot.shape[1])], axis=0) / S
+        for q in BUCKET_QUANTILES[int(num_buckets)]:
+            held = level <= np.quantile(level, q, method="higher")
+            bounds.append(tot[held].max(0))
+        mean, sd = tot.mean(0), tot.std(0)
+        bounds.append(np.maximum(tot.max(0), np.ceil(mean + TAIL_SD * sd)))
+    ladder = []
+    for b in bounds:
+        b = np.asarray(b, np.int64)
+        b = np.minimum(-(-b // BUCKET_ALIGN) * BUCKET_ALIGN, worst)
+        ladder.append(tuple(int(v) for v in b))
+    ladder.append(tuple(int(v) for v in worst))
+    out: List[Tuple[int, int, int]] = []
+    for b in ladder:   # the bounds ascend in every total; drop repeats
+        if not out or b != out[-1]:
+            out.append(b)
+    return out
+
+
 class StaticBatches:
     r"""Fixed-capacity device buffers for the batches of one or more
     :class:`~pyg_dfgnn.data.GraphBatcher` stores (see the module docstring).
 
-    :meth:`load` packs a batch's graphs on the host (into pinned memory) and
-    copies them into the buffers; :meth:`inputs` turns the buffers into the
-    model's inputs with device ops of fixed shapes only (no host sync), so it
-    can run inside a CUDA graph capture.
+    The batches go to *buckets*: an ascending ladder of ``(nodes, edges)``
+    capacities whose largest is the worst case (:func:`bucket_capacities`).
+    :meth:`load` puts a batch in the smallest bucket that holds its totals
+    (known on the host from the store's per-graph sizes) and packs its graphs
+    on the host (into pinned memory) and copies them into the buffers, which
+    have the largest bucket's size: a bucket is a prefix of them, with its
+    own padding node (its last node row) and padding edges.  :meth:`inputs`
+    turns the bucket's prefix into the model's inputs with device ops of
+    fixed shapes only (no host sync), so it can run inside a CUDA graph
+    capture; each bucket has other shapes, hence its own graphs.
 
     Args:
         stores: the stores whose batches will be loaded (the capacities cover
@@ -76,10 +196,15 @@ class StaticBatches:
         views: the CSR views to build for the fused layers (as
             :class:`~pyg_dfgnn.data.GraphBatcher`'s ``views``); empty for PyG's
             layers.
+        buckets: the number of buckets (``1``: the worst case only; see
+            :func:`bucket_capacities`), or the capacities themselves, an
+            ascending sequence of ``(nodes, edges)`` or ``(nodes, edges,
+            non-loop edges)`` -- capped at the worst case, which is appended
+            where the last one is smaller.
     """
 
     def __init__(self, stores: Sequence[Any], batch_size: int, device: torch.device,
-                 views: Sequence[bool] = ()):
+                 views: Sequence[bool] = (), buckets: Union[int, Sequence[Sequence[int]]] = 1):
         if not stores:
             raise ValueError("'stores' is empty")
         self.stores = list(stores)
@@ -92,11 +217,16 @@ class StaticBatches:
             if list(s.node_attrs) != self.node_keys:
                 raise ValueError("the stores' node attributes differ: "
                                  f"{sorted(s.node_attrs)} vs {sorted(self.node_keys)}")
-        self.n_cap = max(capacity(s.n, self.B) for s in self.stores)
-        self.num_nodes = self.n_cap + 1        # + one padding node
-        self.e_cap = max(capacity(s.e, self.B) for s in self.stores)
         self.loops = any(s.ei_nl is not None for s in self.stores) and any(self.views)
-        self.enl_cap = max(capacity(s.e - s.loops, self.B) for s in self.stores)
+        ladder = self._ladder(buckets)
+        if not self.loops:   # no non-loop edge lists: only nodes and edges count
+            ladder = [(n, e, e) for n, e, _ in ladder]
+        #: ascending ``(nodes, edges, non-loop edges)`` capacities
+        self.buckets: List[Tuple[int, int, int]] = [
+            b for i, b in enumerate(ladder) if i == 0 or b != ladder[i - 1]]
+        # the largest bucket: the worst case, the buffers' size
+        self.n_cap, self.e_cap, self.enl_cap = self.buckets[-1]
+        self.num_nodes = self.n_cap + 1        # + one padding node
         # degree maxima of each view over every graph (the schedule's input)
         self.max_deg = {v: (max(int(s.stats[v][0].max(initial=0)) for s in self.stores),
                             max(int(s.stats[v][1].max(initial=0)) for s in self.stores))
@@ -123,10 +253,34 @@ class StaticBatches:
         self._bufs["meta"] = pair((3, self.B + 1), torch.int64)
         self._copied: Optional[Any] = None   # event: the pinned buffers may be reused
         self.n = 0                             # real nodes of the loaded batch
+        self.bucket = len(self.buckets) - 1    # bucket of the loaded batch
+
+    def _ladder(self, buckets) -> List[Tuple[int, int, int]]:
+        if isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer, list, tuple)):
+            raise TypeError(f"'buckets' must be an int or a sequence of capacities, got "
+                            f"{type(buckets).__name__}")
+        if isinstance(buckets, (int, np.integer)):
+            return bucket_capacities(self.stores, self.B, int(buckets))
+        worst = worst_case(self.stores, self.B)
+        out: List[Tuple[int, int, int]] = []
+        for b in buckets:
+            b = tuple(int(v) for v in b)
+            if len(b) not in (2, 3) or min(b) < 0:
+                raise ValueError(f"'buckets': each bucket is (nodes, edges[, non-loop "
+                                 f"edges]) >= 0, got {b}")
+            b = (b[0], b[1], b[2] if len(b) == 3 else b[1])
+            b = tuple(min(v, w) for v, w in zip(b, worst))
+            if out and any(v < u for v, u in zip(b, out[-1])):
+                raise ValueError(f"'buckets' must be ascending, got {out[-1]} before {b}")
+            if not out or b != out[-1]:
+                out.append(b)
+        if not out or out[-1] != worst:
+            out.append(worst)
+        return out
 
     @property
     def buffers(self) -> Dict[str, Tensor]:
-        """The device buffers (static addresses)."""
+        """The device buffers (static addresses; the largest bucket's size)."""
         return {k: d for k, (_, d) in self._bufs.items()}
 
     def node_attr(self, key: str) -> Tensor:
@@ -134,30 +288,54 @@ class StaticBatches:
         the loaded batch's rows first)."""
         return self._bufs["x:" + key][1]
 
+    def bucket_nodes(self, bucket: int) -> int:
+        """The node rows of ``bucket``: its capacity plus its padding node."""
+        return self.buckets[bucket][0] + 1
+
+    def totals(self, store: Any, ids: np.ndarray) -> Tuple[int, int, int]:
+        """Nodes, edges and non-loop edges of graphs ``ids`` of ``store``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return (int(store.n[ids].sum()), int(store.e[ids].sum()),
+                int((store.e[ids] - store.loops[ids]).sum()))
+
+    def bucket_of(self, store: Any, ids: np.ndarray) -> int:
+        """The smallest bucket that holds graphs ``ids`` of ``store`` (host only)."""
+        N, E, Enl = self.totals(store, ids)
+        for i, (n, e, enl) in enumerate(self.buckets):
+            if N <= n and E <= e and (Enl <= enl or not self.loops):
+                return i
+        # cannot happen for the stores given
+        raise ValueError(f"batch of {N} nodes / {E} edges exceeds the capacity "
+                         f"{self.n_cap} / {self.e_cap}")
+
     def load(self, store: Any, ids: np.ndarray) -> int:
-        """Pack graphs ``ids`` of ``store`` into the buffers; returns the
-        number of real nodes.  Asynchronous on CUDA (pinned copies)."""
+        """Pack graphs ``ids`` of ``store`` into the buffers (the prefix of the
+        smallest bucket that holds them, :attr:`bucket`); returns the number of
+        real nodes.  Asynchronous on CUDA (pinned copies)."""
         from ..data.batching import _segments
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim != 1 or not 0 < ids.size <= self.B:
             raise ValueError(f"'ids' must hold 1..{self.B} graph indices, got shape "
                              f"{ids.shape}")
+        b = self.bucket_of(store, ids)
         if self._copied is not None:   # the previous copy must have left the pinned memory
             self._copied.synchronize()
         nc, ec = store.n[ids], store.e[ids]
         N, E = int(nc.sum()), int(ec.sum())
-        if N > self.n_cap or E > self.e_cap:   # cannot happen for the stores given
-            raise ValueError(f"batch of {N} nodes / {E} edges exceeds the capacity "
-                             f"{self.n_cap} / {self.e_cap}")
+        Nr = self.bucket_nodes(b)
         h = {k: p for k, (p, _) in self._bufs.items()}
         n0, n1 = store.node_ptr[ids], store.node_ptr[ids + 1]
+        # the bucket's node rows: the batch's, then zeros (its padding rows);
+        # its edges: the batch's only (the rest is masked in inputs())
+        rows = {"x:" + k: Nr for k in self.node_keys}
         for k in self.node_keys:
             buf = h["x:" + k]
             _segments(store.node_attrs[k], n0, n1, 0, out=buf.narrow(0, 0, N))
-            buf.narrow(0, N, buf.size(0) - N).zero_()
+            buf.narrow(0, N, Nr - N).zero_()
         e0, e1 = store.edge_ptr[ids], store.edge_ptr[ids + 1]
         _segments(store.ei[0], e0, e1, 0, out=h["src"].narrow(0, 0, E))
         _segments(store.ei[1], e0, e1, 0, out=h["dst"].narrow(0, 0, E))
+        rows["src"] = rows["dst"] = E
         meta = np.zeros((3, self.B + 1), np.int64)
         meta[0, 1:ids.size + 1] = np.cumsum(nc)
         meta[1, 1:ids.size + 1] = np.cumsum(ec)
@@ -166,47 +344,59 @@ class StaticBatches:
             nl = ec - store.loops[ids]
             Enl = int(nl.sum())
             if store.ei_nl is not None:
-                a, b = store.nl_ptr[ids], store.nl_ptr[ids + 1]
-                _segments(store.ei_nl[0], a, b, 0, out=h["src_nl"].narrow(0, 0, Enl))
-                _segments(store.ei_nl[1], a, b, 0, out=h["dst_nl"].narrow(0, 0, Enl))
+                a, c = store.nl_ptr[ids], store.nl_ptr[ids + 1]
+                _segments(store.ei_nl[0], a, c, 0, out=h["src_nl"].narrow(0, 0, Enl))
+                _segments(store.ei_nl[1], a, c, 0, out=h["dst_nl"].narrow(0, 0, Enl))
             else:   # this store has no loops: its non-loop edges are all edges
                 h["src_nl"].narrow(0, 0, Enl).copy_(h["src"].narrow(0, 0, Enl))
                 h["dst_nl"].narrow(0, 0, Enl).copy_(h["dst"].narrow(0, 0, Enl))
             meta[2, 1:ids.size + 1] = np.cumsum(nl)
             meta[2, ids.size + 1:] = meta[2, ids.size]
+            rows["src_nl"] = rows["dst_nl"] = Enl
         h["meta"].copy_(torch.from_numpy(meta))
-        for p, d in self._bufs.values():
-            d.copy_(p, non_blocking=p.is_pinned())
+        rows["meta"] = 3
+        for k, (p, d) in self._bufs.items():
+            r = rows[k]
+            d.narrow(0, 0, r).copy_(p.narrow(0, 0, r), non_blocking=p.is_pinned())
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()
         self.n = N
+        self.bucket = b
         return N
 
-    def _global(self, src: Tensor, dst: Tensor, row: int) -> Tuple[Tensor, Tensor]:
+    def _global(self, src: Tensor, dst: Tensor, row: int, pad: int) -> Tuple[Tensor, Tensor]:
         """Batch-global ``[2, E]`` edges from the local ids of the buffers, with
-        the entries past the batch's edges set to the padding node
-        (``n_cap``), and the mask of the batch's own entries."""
+        the entries past the batch's edges set to the padding node ``pad``,
+        and the mask of the batch's own entries."""
         meta = self._bufs["meta"][1]
         pos = torch.arange(src.numel(), device=src.device)
         ends = meta[row, 1:]
         g = torch.searchsorted(ends, pos, right=True).clamp_(max=self.B - 1)
         valid = pos < ends[-1]
         ei = torch.stack([src.long(), dst.long()]) + meta[0, :-1][g]
-        return torch.where(valid, ei, self.n_cap), valid
+        return torch.where(valid, ei, pad), valid
 
-    def inputs(self) -> Dict[str, Any]:
-        """The model inputs of the loaded batch, from fixed-shape device ops:
-        ``x``-like node attributes, ``edge_index`` (padding edges as loops on
-        the padding node), ``node_mask`` (real rows) and, for the fused
-        layers, their CSR views registered in the graph cache for this
+    def inputs(self, bucket: Optional[int] = None) -> Dict[str, Any]:
+        """The model inputs of the loaded batch in ``bucket`` (default: the
+        batch's own, :attr:`bucket`; a larger one pads more), from fixed-shape
+        device ops on that bucket's prefix of the buffers: ``x``-like node
+        attributes, ``edge_index`` (padding edges as loops on the bucket's
+        padding node, its last row), ``node_mask`` (real rows) and, for the
+        fused layers, their CSR views registered in the graph cache for this
         ``edge_index`` (padding edges left out)."""
+        bucket = self.bucket if bucket is None else int(bucket)
+        if not self.bucket <= bucket < len(self.buckets):
+            raise ValueError(f"'bucket' must be in {self.bucket}..{len(self.buckets) - 1} "
+                             f"(the loaded batch's bucket or a larger one), got {bucket}")
+        n_cap, e_cap, enl_cap = self.buckets[bucket]
         b = self.buffers
-        Nr = self.num_nodes
-        out: Dict[str, Any] = {k: b["x:" + k] for k in self.node_keys}
+        Nr = n_cap + 1
+        out: Dict[str, Any] = {k: b["x:" + k].narrow(0, 0, Nr) for k in self.node_keys}
         meta = b["meta"]
         out["node_mask"] = torch.arange(Nr, device=self.device) < meta[0, -1]
-        edge_index, valid = self._global(b["src"], b["dst"], 1)
+        edge_index, valid = self._global(b["src"].narrow(0, 0, e_cap),
+                                         b["dst"].narrow(0, 0, e_cap), 1, n_cap)
         out["edge_index"] = edge_index
         if self.views:
             from ..data.batching import sorted_graph_views
@@ -214,7 +404,8 @@ class StaticBatches:
             csr = torch.where(valid, edge_index, Nr)
             nonloop = None
             if self.loops:
-                nl, nl_valid = self._global(b["src_nl"], b["dst_nl"], 2)
+                nl, nl_valid = self._global(b["src_nl"].narrow(0, 0, enl_cap),
+                                            b["dst_nl"].narrow(0, 0, enl_cap), 2, n_cap)
                 nonloop = torch.where(nl_valid, nl, Nr)
             graphs = sorted_graph_views(csr, Nr, self.views,
                                         [self.max_deg[v][0] for v in self.views],
@@ -227,8 +418,51 @@ class StaticBatches:
 
 class GraphedSteps:
     """The training step and the evaluation forward of a run, captured as CUDA
-    graphs after :data:`WARMUP_STEPS` eager steps (``capture=False``: the same
-    padded steps, always eager -- what the CPU tests check).
+    graphs, one of each per bucket of :class:`StaticBatches` (``capture=False``:
+    the same padded steps in the same buckets, always eager -- what the CPU
+    tests check).
+
+    When a bucket's graph is captured: the first :data:`WARMUP_STEPS` training
+    steps are eager, whatever their buckets (lazy initialisation, the
+    optimiser's state); after them, a bucket's training graph is captured the
+    first time a batch of that bucket comes *and* the bucket has run eagerly
+    once before (during the warm-up or, for a bucket first needed later, by
+    running that first batch eagerly: an ordinary step, so every batch is
+    still exactly one optimiser step).  That eager run at the bucket's shapes
+    does the per-shape lazy work (library workspaces and plans, allocator
+    growth) outside a capture, where a sync or a fresh host-to-device copy
+    would fail it.  The evaluation graph of a bucket likewise: eager on the
+    bucket's first evaluation batch, captured on the next one, and only once
+    some training graph exists (its capture comes first, so that parameters
+    and optimiser state have their final addresses).  A capture records and
+    runs nothing; :meth:`_capture` replays the new graph once for its batch.
+
+    Memory: every graph of the run is captured into **one** private memory
+    pool, so a graph may reuse what another one's capture freed, and the pool
+    holds about the largest graph's working memory rather than the sum.  For
+    that the largest training graph must be captured first: a smaller graph's
+    freed blocks are too small for a larger graph's tensors (the allocator
+    would add segments, and the pool would grow towards the sum of the
+    graphs), while a larger graph's freed blocks are split for a smaller
+    one's.  So, before capturing the training graph of a bucket larger than
+    every one captured so far, all graphs and their pool are dropped (their
+    buckets stay warm and capture again on their next batches): at most one
+    such restart per bucket and run.  Sharing is safe because (1) the graphs
+    never run concurrently: every replay and capture is issued from this
+    object on the current stream, in order;
+    (2) a graph reads only what is outside the pool -- the static buffers,
+    parameters, optimiser state and BatchNorm statistics (created eagerly
+    before the first capture and updated in place) -- or what it wrote itself
+    earlier in the same replay: the gradients are allocated inside the capture
+    (``zero_grad(set_to_none=True)`` before it), so each graph has its own,
+    written by its backward before its optimiser step reads them;
+    (3) what the host reads after a replay, the outputs ``(out, loss)``, are
+    tensors still alive while the later graphs are captured, so no later
+    capture places anything on them -- but an *earlier* graph may have used
+    their memory as scratch, so they are valid only until the next step of any
+    bucket (train or eval), which is the contract of :meth:`train_step` and
+    :meth:`eval_step` (the trainer reads them, in stream order, before the next
+    step).
 
     Args:
         model: the module trained (its ``forward(x, edge_index, lap_pe=...,
@@ -244,23 +478,23 @@ class GraphedSteps:
                  static: StaticBatches, loss_fn, autocast, capture: bool):
         self.model, self.opt, self.static = model, opt, static
         self.loss_fn, self.autocast, self.capture = loss_fn, autocast, capture
-        self.steps = 0
-        self.train_graph = None
-        self.eval_graph = None
-        self._train_out: Optional[Tuple[Tensor, Tensor]] = None
-        self._eval_out: Optional[Tuple[Tensor, Tensor]] = None
+        K = len(static.buckets)
+        #: batches per bucket so far (training steps, evaluation batches)
+        self.train_counts = [0] * K
+        self.eval_counts = [0] * K
+        self.reset()
 
     # ------------------------------------------------------------------ bodies
-    def _forward(self) -> Tuple[Tensor, Tensor]:
-        inp = self.static.inputs()
+    def _forward(self, bucket: int) -> Tuple[Tensor, Tensor]:
+        inp = self.static.inputs(bucket)
         with self.autocast():
             out = self.model(inp["x"], inp["edge_index"], lap_pe=inp.get("lap_pe"),
                              node_mask=inp["node_mask"])
             loss = self.loss_fn(out, inp["y"], inp["node_mask"])
         return out, loss
 
-    def _train_body(self) -> Tuple[Tensor, Tensor]:
-        out, loss = self._forward()
+    def _train_body(self, bucket: int) -> Tuple[Tensor, Tensor]:
+        out, loss = self._forward(bucket)
         loss.backward()
         self.opt.step()
         return out.detach(), loss.detach()
@@ -276,63 +510,96 @@ class GraphedSteps:
             yield
         torch.cuda.current_stream().wait_stream(s)
 
-
     # ------------------------------------------------------------------ steps
     def train_step(self, store: Any, ids: np.ndarray) -> Tuple[Tensor, Tensor, int]:
         """One optimiser step on graphs ``ids`` of ``store``: ``(out, loss, n)``
         with ``out`` the logits of the padded batch (its first ``n`` rows are
         the real nodes) and ``loss`` a 0-dim tensor.  Both are overwritten by
-        the next step."""
+        the next step (training or evaluation, any bucket)."""
         n = self.static.load(store, ids)
+        b = self.static.bucket
+        self.train_counts[b] += 1
         self.model.train()
-        if self.train_graph is not None:
-            self.train_graph.replay()
-            out, loss = self._train_out
+        g = self.train_graphs.get(b)
+        if g is not None:
+            g.replay()
+            out, loss = self._train_out[b]
             return out, loss, n
-        if not self.capture or self.steps < WARMUP_STEPS:
+        if not self.capture or self.steps < WARMUP_STEPS or b not in self._warm_train:
             with self._side_stream():
                 self.opt.zero_grad(set_to_none=True)
-                out, loss = self._train_body()
+                out, loss = self._train_body(b)
+            self._warm_train.add(b)
             self.steps += 1
             return out, loss, n
-        # capture this step (recording runs nothing), then run it
+        # capture this step (recording runs nothing), then run it; the largest
+        # training graph first in the pool (class docstring)
+        if self.train_graphs and b > max(self.train_graphs):
+            self._drop_graphs()
         self.opt.zero_grad(set_to_none=True)
-        self.train_graph, self._train_out = self._capture(self._train_body)
+        self.train_graphs[b], self._train_out[b] = self._capture(lambda: self._train_body(b))
+        self.captures += 1
         self.steps += 1
-        out, loss = self._train_out
+        out, loss = self._train_out[b]
         return out, loss, n
 
-    @staticmethod
-    def _capture(body):
-        """``body`` recorded as a CUDA graph and replayed once: ``(graph, outputs)``."""
+    def _capture(self, body):
+        """``body`` recorded as a CUDA graph in the run's shared pool (see the
+        class docstring) and replayed once: ``(graph, outputs)``."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, pool=self._pool):
             outputs = body()
         g.replay()
         return g, outputs
 
     @torch.no_grad()
     def eval_step(self, store: Any, ids: np.ndarray) -> Tuple[Tensor, Tensor, int]:
-        """The evaluation forward (and loss) on graphs ``ids`` of ``store``."""
+        """The evaluation forward (and loss) on graphs ``ids`` of ``store``
+        (outputs as :meth:`train_step`'s)."""
         n = self.static.load(store, ids)
+        b = self.static.bucket
+        self.eval_counts[b] += 1
         self.model.eval()
-        if self.eval_graph is not None:
-            self.eval_graph.replay()
-            out, loss = self._eval_out
+        g = self.eval_graphs.get(b)
+        if g is not None:
+            g.replay()
+            out, loss = self._eval_out[b]
             return out, loss, n
-        if not self.capture or self.train_graph is None:
-            # eager until the training graph exists (its capture comes first, so
-            # that parameters and optimiser state have their final addresses)
+        if not self.capture or not self.train_graphs or b not in self._warm_eval:
+            # eager until some training graph exists (its capture comes first, so
+            # that parameters and optimiser state have their final addresses),
+            # and once per bucket (its warm-up)
             with self._side_stream():
-                out, loss = self._forward()
+                out, loss = self._forward(b)
+            self._warm_eval.add(b)
             return out, loss, n
-        self.eval_graph, self._eval_out = self._capture(self._forward)
-        out, loss = self._eval_out
+        self.eval_graphs[b], self._eval_out[b] = self._capture(lambda: self._forward(b))
+        self.captures += 1
+        out, loss = self._eval_out[b]
         return out, loss, n
 
-    def reset(self) -> None:
-        """Drop the captured graphs (e.g. after the parameters were replaced)."""
-        self.train_graph = self.eval_graph = None
-        self._train_out = self._eval_out = None
-        self.steps = 0
+    @property
+    def captured(self) -> Dict[str, List[int]]:
+        """The buckets with a captured training / evaluation graph."""
+        return {"train": sorted(self.train_graphs), "eval": sorted(self.eval_graphs)}
 
+    def _drop_graphs(self) -> None:
+        """Drop the captured graphs, their outputs and their pool (whose
+        memory the next capture's ``empty_cache`` returns)."""
+        self.train_graphs: Dict[int, Any] = {}
+        self.eval_graphs: Dict[int, Any] = {}
+        self._train_out: Dict[int, Tuple[Tensor, Tensor]] = {}
+        self._eval_out: Dict[int, Tuple[Tensor, Tensor]] = {}
+        self._pool = None
+
+    def reset(self) -> None:
+        """Drop the captured graphs and their pool (e.g. after the parameters
+        were replaced); the next steps warm up and capture again."""
+        self._drop_graphs()
+        self._warm_train: set = set()
+        self._warm_eval: set = set()
+        self.steps = 0
+        #: graphs captured so far (restarts included)
+        self.captures = 0

@@ -428,7 +428,8 @@ class _Run:
             from ..data.prepare import PrepareGraphs
             prep = PrepareGraphs.for_model(self.net)
             views = prep.views if prep is not None else ()
-        static = StaticBatches(stores, cfg.batch_size, self.device, views)
+        static = StaticBatches(stores, cfg.batch_size, self.device, views,
+                               buckets=cfg.cuda_graph_buckets)
         for v, (din, dout) in static.max_deg.items():
             if max(din, dout) > MIN_SPLIT:
                 raise ConfigError(f"cuda_graphs: a graph has a node of degree "
@@ -448,11 +449,29 @@ class _Run:
                     else contextlib.nullcontext())
 
         capture = self.device.type == "cuda"
-        self.log(f"cuda_graphs: batches padded to {static.num_nodes} nodes / {static.e_cap} "
-                 f"edges; the training step and the evaluation forward are "
-                 + (f"captured after {WARMUP_STEPS} eager steps" if capture
-                    else "run eagerly (no CUDA device)"))
+        K = len(static.buckets)
+        self.log(f"cuda_graphs: batches padded to the smallest of {K} size bucket"
+                 f"{'s' if K > 1 else ''} that holds them: "
+                 + ", ".join(f"{n + 1}/{e}" for n, e, _ in static.buckets)
+                 + " nodes/edges; the training step and the evaluation forward are "
+                 + (f"captured per bucket after {WARMUP_STEPS} eager steps and one eager "
+                    f"step in the bucket" if capture else "run eagerly (no CUDA device)"))
         return GraphedSteps(self.model, self.opt, static, loss_fn, autocast, capture)
+
+    def _graphed_summary(self) -> Dict[str, Any]:
+        """results.json ``training.cuda_graphs``: the worst-case capacity, the
+        graphs captured (restarts included) and, per bucket, its capacity, its
+        batches and whether its graphs are captured at the end."""
+        g = self.graphed
+        s = g.static
+        cap = g.captured
+        return {"captured": g.capture, "num_nodes": s.num_nodes, "num_edges": s.e_cap,
+                "captures": g.captures,
+                "cuda_graph_buckets": [
+                    {"num_nodes": n + 1, "num_edges": e, "train_steps": g.train_counts[i],
+                     "eval_batches": g.eval_counts[i],
+                     "captured_train": i in cap["train"], "captured_eval": i in cap["eval"]}
+                    for i, (n, e, _) in enumerate(s.buckets)]}
 
     def _build_stores(self) -> None:
         """``data.batcher`` store/auto: one :class:`~pyg_dfgnn.data.GraphBatcher`
@@ -1006,9 +1025,7 @@ class _Run:
                                              else list(self.prepare.views)),
                          "batcher": "store" if self.stores else "pyg",
                          "cuda_graphs": (None if self.graphed is None else
-                                         {"captured": self.graphed.capture,
-                                          "num_nodes": self.graphed.static.num_nodes,
-                                          "num_edges": self.graphed.static.e_cap})},
+                                         self._graphed_summary())},
             "metrics": metrics,
             "stop_reason": stop_reason,
             "resumed_from": self.resumed_from,

@@ -80,37 +80,48 @@ def test_masked_cross_entropy_is_the_loss_of_the_real_rows(weighted):
     assert ours.item() == pytest.approx(ref.item(), rel=1e-13)
 
 
+@pytest.mark.parametrize("bucket", ["worst", "exact", "loose"])
 @pytest.mark.parametrize("loops", [False, True])
-def test_static_views_equal_the_batch_views_on_the_real_rows(loops):
+def test_static_views_equal_the_batch_views_on_the_real_rows(loops, bucket):
     """The CSR views built from the padded buffers are the batch's own views
-    (same rows, edges and transposes), with every padding edge left out."""
+    (same rows, edges and transposes), with every padding edge left out -- in
+    the worst-case bucket, in a bucket of exactly the batch's totals (one
+    padding node, no padding edge) and in one a little larger."""
     from pyg_dfgnn import graph as G
     from pyg_dfgnn.train.graphed import StaticBatches
     views = (False, True)
     store = _store(_graphs(6, 3, loops), views)
-    static = StaticBatches([store], 4, torch.device("cpu"), views)
     ids = np.array([5, 0, 3])
+    tot = StaticBatches([store], 4, torch.device("cpu"), views).totals(store, ids)
+    ladder = {"worst": 1, "exact": [tot], "loose": [(tot[0] + 9, tot[1] + 7, tot[2] + 5)]}
+    static = StaticBatches([store], 4, torch.device("cpu"), views, buckets=ladder[bucket])
     n = static.load(store, ids)
+    assert static.bucket == (0 if bucket != "worst" else len(static.buckets) - 1)
+    Nr = static.bucket_nodes(static.bucket)      # the bucket's rows, padding node last
+    pad = Nr - 1
     batch = store.batch(ids)
     N = int(batch.num_nodes)
-    assert n == N and static.num_nodes > N
+    assert n == N and Nr > N
+    if bucket == "exact":
+        assert Nr == N + 1
     inp = static.inputs()
-    assert torch.equal(inp["node_mask"], torch.arange(static.num_nodes) < N)
+    assert inp["x"].size(0) == Nr
+    assert torch.equal(inp["node_mask"], torch.arange(Nr) < N)
     assert torch.equal(inp["x"][:N], batch.x) and not inp["x"][N:].any()
     ei = inp["edge_index"]
     E = batch.edge_index.size(1)
+    assert ei.size(1) == static.buckets[static.bucket][1]
     assert torch.equal(ei[:, :E], batch.edge_index)
-    assert bool((ei[:, E:] == static.n_cap).all())        # loops on the padding node
+    assert bool((ei[:, E:] == pad).all())        # loops on the padding node
     for v, g in zip(views, inp["graphs"]):
         ref = G.get_graph(batch.edge_index, (N, N), N if v else None)
-        assert G.get_graph(ei, (static.num_nodes,) * 2,
-                           static.num_nodes if v else None) is g      # attached
+        assert G.get_graph(ei, (Nr,) * 2, Nr if v else None) is g      # attached
         m = int(ref.rowptr[-1])
         assert torch.equal(g.rowptr[:N + 1].long(), ref.rowptr.long())
         # padding rows: empty, or (looped view) their own loop only
-        tail = torch.arange(static.num_nodes - N + 1) if v else 0
+        tail = torch.arange(Nr - N + 1) if v else 0
         assert torch.equal(g.rowptr[N:].long(), m + tail + torch.zeros(
-            static.num_nodes - N + 1, dtype=torch.long))
+            Nr - N + 1, dtype=torch.long))
         assert torch.equal(g.col[:m].long(), ref.col.long())
         assert torch.equal(g.t_rowptr[:N + 1].long(), ref.t_rowptr.long())
         assert torch.equal(g.t_col[:m].long(), ref.t_col.long())
@@ -118,9 +129,111 @@ def test_static_views_equal_the_batch_views_on_the_real_rows(loops):
         assert torch.equal(g.t_perm[:m].long(), ref.t_perm.long())
 
 
-def _adam_graphed(model, views, batches_ids, store, dtype, graphed: bool):
-    """Losses of Adam steps on the store's batches, then the parameters and
-    the BatchNorm running statistics: padded GraphedSteps or eager batches."""
+def _size_stores(seed=0):
+    """Stand-ins for GraphBatchers with only what the ladder reads: per-graph
+    nodes, edges and self-loops of 3000 + 600 PATTERN-like graphs."""
+    from types import SimpleNamespace
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in (3000, 600):
+        n = rng.integers(44, 189, g)
+        e = n * rng.integers(20, 60, g)
+        loops = rng.integers(0, 3, g) * (rng.random(g) < 0.3)
+        out.append(SimpleNamespace(n=n, e=e, loops=loops, num_graphs=g))
+    return out
+
+
+def test_bucket_ladder_follows_the_rule():
+    """The ladder (:func:`bucket_capacities`): ascending, ``num_buckets``
+    buckets, the last the worst case (what the single capacity was), below it
+    the tail bound (mean + 5 sd of random batch totals, at least their
+    maximum), below that the quantiles; each rounded up to a multiple of 64;
+    deterministic (seeded)."""
+    from pyg_dfgnn.train.graphed import (BUCKET_ALIGN, BUCKET_QUANTILES, TAIL_SD,
+                                         batch_totals, bucket_capacities, capacity,
+                                         worst_case)
+    stores = _size_stores()
+    B = 32
+    worst = worst_case(stores, B)
+    assert worst[:2] == (max(capacity(s.n, B) for s in stores),
+                         max(capacity(s.e, B) for s in stores))
+    assert worst[2] == max(capacity(s.e - s.loops, B) for s in stores)
+    tot = batch_totals(stores, B, samples=4000)
+    assert tot.shape[1] == 3 and 4000 <= len(tot) <= 4100
+    assert (tot <= np.asarray(worst)).all()
+    assert np.array_equal(tot, batch_totals(stores, B, samples=4000))     # seeded
+    tail = np.maximum(tot.max(0), tot.mean(0) + TAIL_SD * tot.std(0))
+    # a batch's level: the largest share of batches at or below one of its totals
+    level = np.max([(tot[None, :, j] <= tot[:, None, j]).mean(1) for j in range(3)], 0)
+    for k in range(1, 6):
+        ladder = bucket_capacities(stores, B, k, samples=4000)
+        assert len(ladder) == k and ladder[-1] == worst
+        for a, b in zip(ladder, ladder[1:]):
+            assert all(x <= y for x, y in zip(a, b)) and a != b
+        for i, b in enumerate(ladder[:-1]):
+            if i < k - 2:
+                q = BUCKET_QUANTILES[k][i]
+                bound = tot[level <= np.quantile(level, q, method="higher")].max(0)
+                # the bucket holds at least that share of the batches, in every total
+                assert (tot <= np.asarray(b)).all(1).mean() >= q
+            else:
+                bound = tail
+                assert (tot <= np.asarray(b)).all()
+            for j in range(3):      # the smallest multiple of 64 at or above the bound
+                assert b[j] % BUCKET_ALIGN == 0 and b[j] - BUCKET_ALIGN < bound[j] <= b[j]
+    with pytest.raises(ValueError, match="num_buckets"):
+        bucket_capacities(stores, B, 6)
+    # a small data set: buckets merge with the worst case
+    real = [_store(_graphs(12, 9), (True,))]
+    lad = bucket_capacities(real, 5, 4)
+    assert 1 <= len(lad) <= 4 and lad[-1] == worst_case(real, 5)
+
+
+def test_every_batch_goes_to_the_smallest_bucket_that_holds_it():
+    from pyg_dfgnn.train.graphed import StaticBatches, worst_case
+    views = (True,)
+    store = _store(_graphs(30, 6, loops=True), views)
+    B = 4
+    rng = np.random.default_rng(3)
+    static = StaticBatches([store], B, torch.device("cpu"), views, buckets=4)
+    assert static.buckets[-1] == worst_case([store], B)
+    assert (static.num_nodes, static.e_cap) == (static.buckets[-1][0] + 1,
+                                                static.buckets[-1][1])
+    seen = set()
+    for _ in range(200):
+        ids = rng.permutation(30)[:int(rng.integers(1, B + 1))]
+        t = static.totals(store, ids)
+        fits = [all(x <= c for x, c in zip(t, cap)) for cap in static.buckets]
+        assert fits[-1]                                    # the worst case holds all
+        b = static.bucket_of(store, ids)
+        assert fits[b] and not any(fits[:b])               # the smallest that holds it
+        assert static.load(store, ids) == t[0] and static.bucket == b
+        inp = static.inputs()
+        assert inp["x"].size(0) == static.buckets[b][0] + 1
+        assert inp["edge_index"].size(1) == static.buckets[b][1]
+        seen.add(b)
+    assert len(seen) >= 2
+    static.load(store, np.argsort(store.n)[-B:])
+    with pytest.raises(ValueError, match="'bucket' must be in"):
+        static.inputs(0)                          # would cut the batch
+    # the heaviest batch is in the last bucket
+    heavy = np.argsort(store.n)[-B:]
+    assert static.bucket_of(store, heavy) == len(static.buckets) - 1
+    one = StaticBatches([store], B, torch.device("cpu"), views, buckets=1)
+    assert one.buckets == [static.buckets[-1]]
+    with pytest.raises(ValueError, match="ascending"):
+        StaticBatches([store], B, torch.device("cpu"), views, buckets=[(500, 900), (400, 1000)])
+    with pytest.raises(TypeError, match="buckets"):
+        StaticBatches([store], B, torch.device("cpu"), views, buckets="4")
+
+
+def _adam_graphed(model, views, batches_ids, store, dtype, graphed: bool, buckets=1,
+                  eval_ids=None, info=None):
+    """Losses of Adam steps on the store's batches, the evaluation (loss,
+    logits) of batches ``eval_ids`` (default: the first batch), then the
+    parameters and the BatchNorm running statistics: padded GraphedSteps in
+    ``buckets`` (``graphed=True`` eager, ``"fake"``: with the capture schedule
+    of a CUDA run, see :func:`_fake_capture`) or eager batches."""
     from pyg_dfgnn.train.config import load_config
     from pyg_dfgnn.train.graphed import GraphedSteps, StaticBatches
     from pyg_dfgnn.train.metrics import masked_cross_entropy, weighted_cross_entropy
@@ -129,21 +242,26 @@ def _adam_graphed(model, views, batches_ids, store, dtype, graphed: bool):
     cfg = load_config(str(CONFIGS / "pattern_gat_quick.yaml"),
                       [f"model.name={model}", "model.hidden=16", "model.heads=2",
                        "model.layers=2", "model.dropout=0.2"])
+    eval_ids = [batches_ids[0]] if eval_ids is None else eval_ids
     torch.manual_seed(0)
     net = build_model(cfg.model, 3, 2, True, "fused").to(dtype)
     opt = torch.optim.Adam(net.parameters(), lr=5e-3)
-    losses = []
+    losses, vals = [], []
     torch.manual_seed(7)   # the dropout masks: padded rows draw too, so compare without
     if graphed:
-        static = StaticBatches([store], 4, torch.device("cpu"), views)
+        static = StaticBatches([store], 4, torch.device("cpu"), views, buckets=buckets)
         steps = GraphedSteps(net, opt, static,
                              lambda o, y, m: masked_cross_entropy(o, y, m, 2, True),
-                             lambda: __import__("contextlib").nullcontext(), capture=False)
+                             lambda: __import__("contextlib").nullcontext(),
+                             capture=graphed == "fake")
         for ids in batches_ids:
             _, loss, _ = steps.train_step(store, ids)
             losses.append(loss.item())
-        out, loss, n = steps.eval_step(store, batches_ids[0])
-        val = (loss.item(), out[:n].clone())
+        for ids in eval_ids:
+            out, loss, n = steps.eval_step(store, ids)
+            vals.append((loss.item(), out[:n].clone()))
+        if info is not None:
+            info["steps"], info["opt"] = steps, opt
     else:
         for ids in batches_ids:
             b = store.batch(ids)
@@ -153,12 +271,27 @@ def _adam_graphed(model, views, batches_ids, store, dtype, graphed: bool):
             loss.backward()
             opt.step()
             losses.append(loss.item())
-        b = store.batch(batches_ids[0])
         net.eval()
-        with torch.no_grad():
-            out = net(b.x, b.edge_index)
-            val = (weighted_cross_entropy(out, b.y, 2).item(), out)
-    return losses, val, {k: v.detach().clone() for k, v in net.state_dict().items()}
+        for ids in eval_ids:
+            b = store.batch(ids)
+            with torch.no_grad():
+                out = net(b.x, b.edge_index)
+                vals.append((weighted_cross_entropy(out, b.y, 2).item(), out))
+    return losses, vals, {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def _assert_same_steps(ref, pad):
+    """Float64 equality of two :func:`_adam_graphed` results (tolerance: float64
+    rounding amplified as in tests/train/test_train_e2e.py, <= 1e-9)."""
+    (l_ref, v_ref, s_ref), (l_pad, v_pad, s_pad) = ref, pad
+    assert l_pad == pytest.approx(l_ref, rel=1e-10)
+    assert len(v_pad) == len(v_ref)
+    for (a_loss, a_out), (b_loss, b_out) in zip(v_ref, v_pad):
+        assert b_loss == pytest.approx(a_loss, rel=1e-10)
+        torch.testing.assert_close(b_out, a_out, rtol=1e-9, atol=1e-9)
+    assert s_pad.keys() == s_ref.keys()
+    for k in s_ref:
+        torch.testing.assert_close(s_pad[k], s_ref[k], rtol=1e-9, atol=1e-9, msg=k)
 
 
 @pytest.mark.parametrize("model", ["gat", "gt", "agnn"])
@@ -174,14 +307,90 @@ def test_padded_steps_equal_the_eager_steps_in_float64(model, monkeypatch):
     views = (model != "gt",)
     store = _store(_graphs(8, 5, loops=True), views)
     ids = [np.array([0, 1, 2, 3]), np.array([4, 5, 6]), np.array([7, 2])]
-    l_ref, v_ref, s_ref = _adam_graphed(model, views, ids, store, torch.float64, False)
-    l_pad, v_pad, s_pad = _adam_graphed(model, views, ids, store, torch.float64, True)
-    assert l_pad == pytest.approx(l_ref, rel=1e-10)
-    assert v_pad[0] == pytest.approx(v_ref[0], rel=1e-10)
-    torch.testing.assert_close(v_pad[1], v_ref[1], rtol=1e-9, atol=1e-9)
-    assert s_pad.keys() == s_ref.keys()
-    for k in s_ref:
-        torch.testing.assert_close(s_pad[k], s_ref[k], rtol=1e-9, atol=1e-9, msg=k)
+    _assert_same_steps(_adam_graphed(model, views, ids, store, torch.float64, False),
+                       _adam_graphed(model, views, ids, store, torch.float64, True))
+
+
+class _FakeGraph:
+    """A CUDA graph's stand-in on CPU: :meth:`replay` runs the captured body
+    again and writes its results into the captured outputs (what a replay
+    does: same buffers, same outputs)."""
+
+    def __init__(self, body, outs):
+        self.body, self.outs, self.replays = body, outs, 0
+
+    def replay(self):
+        self.replays += 1
+        for o, new in zip(self.outs, self.body()):
+            o.copy_(new)
+
+
+def _fake_capture(monkeypatch):
+    """GraphedSteps with ``capture=True`` on CPU: its schedule (which step runs
+    eagerly, which captures, which replays) with :class:`_FakeGraph` objects; a
+    replay rewrites the gradients the capture allocated (``zero_grad``)."""
+    from pyg_dfgnn.train.graphed import GraphedSteps
+
+    def capture(self, body):
+        def run():
+            self.opt.zero_grad(set_to_none=True)
+            return body()
+        g = _FakeGraph(run, run())     # capture + the one replay of _capture
+        return g, g.outs
+
+    monkeypatch.setattr(GraphedSteps, "_capture", capture)
+    monkeypatch.setattr(GraphedSteps, "_side_stream",
+                        lambda self: __import__("contextlib").nullcontext())
+
+
+@pytest.mark.parametrize("model,mode", [("gat", "fake"), ("gt", "fake"), ("agnn", True)])
+def test_bucketed_steps_equal_the_eager_steps_in_float64(model, mode, monkeypatch):
+    """Batches in three buckets -- one of exactly a batch's totals (a single
+    padding node, no padding edge), one larger, the worst case -- give the
+    unpadded eager steps in float64, eagerly and with the capture schedule of
+    a CUDA run (``fake``: warm-up, an eager first step per bucket, capture,
+    replays; every batch exactly one optimiser step)."""
+    import torch.nn.functional as F
+    from pyg_dfgnn.train import graphed
+    monkeypatch.setattr(F, "dropout", lambda x, p=0.5, training=True, inplace=False: x)
+    if mode == "fake":
+        _fake_capture(monkeypatch)
+        monkeypatch.setattr(graphed, "WARMUP_STEPS", 1)
+    views = (model != "gt",)
+    store = _store(_graphs(8, 5, loops=True), views)
+    S, M, L = np.array([7, 2]), np.array([4, 5, 6]), np.array([0, 1, 2, 3])
+    probe = graphed.StaticBatches([store], 4, torch.device("cpu"), views)
+    tS, tM, tL = (probe.totals(store, i) for i in (S, M, L))
+    small = tS                                                     # exact fit of S
+    mid = tuple(max(a, b) + 3 for a, b in zip(tS, tM))             # holds S and M
+    assert not all(x <= y for x, y in zip(tL, mid))                # L does not fit
+    buckets = [small, mid]
+    train = [S, L, S, S, L, M, L, S, M, M]
+    evals = [S, S, S, L, L, L, M]
+    info = {}
+    ref = _adam_graphed(model, views, train, store, torch.float64, False, eval_ids=evals)
+    pad = _adam_graphed(model, views, train, store, torch.float64, mode, buckets=buckets,
+                        eval_ids=evals, info=info)
+    _assert_same_steps(ref, pad)
+    steps, opt = info["steps"], info["opt"]
+    K = len(steps.static.buckets)
+    bS, bM, bL = (steps.static.bucket_of(store, i) for i in (S, M, L))
+    assert bS == 0 and bM == 1 and bL == K - 1 and K == 3
+    assert steps.train_counts == [4, 3, 3] and steps.eval_counts == [3, 1, 3]
+    for st in opt.state.values():                      # one optimiser step per batch
+        assert int(st["step"]) == len(train)
+    if mode == "fake":
+        # train S L S S L M L S M M: S eager (warm-up), L eager (first use), S
+        # captured, replayed; L captured -- larger than S, so S's graph is dropped
+        # first (the largest graph first in the pool); M eager (first use); L
+        # replayed; S captured again (no drop: smaller); M captured, replayed.
+        # Eval S S S L L L M: eager at a bucket's first use, then capture, replay.
+        assert steps.captured == {"train": [0, 1, 2], "eval": [0, 2]}
+        assert [steps.train_graphs[b].replays for b in range(3)] == [0, 1, 1]
+        assert steps.eval_graphs[0].replays == 1 and steps.eval_graphs[2].replays == 1
+        assert steps.captures == 4 + 2
+    else:
+        assert steps.captured == {"train": [], "eval": []}
 
 
 # ---------------------------------------------------------------- trainer
@@ -212,6 +421,13 @@ def test_trainer_runs_the_padded_steps(tmp_path, tiny_args, model, monkeypatch, 
         assert a["steps"] == b["steps"]
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
         assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-2)
+    cg = ours["training"]["cuda_graphs"]
+    buckets = cg["cuda_graph_buckets"]
+    assert 1 <= len(buckets) <= 4 and cg["captured"] is False
+    assert (buckets[-1]["num_nodes"], buckets[-1]["num_edges"]) == (cg["num_nodes"],
+                                                                    cg["num_edges"])
+    assert sum(b["train_steps"] for b in buckets) == sum(h["steps"] for h in ours["history"])
+    assert not any(b["captured_train"] or b["captured_eval"] for b in buckets)
 
 
 @pytest.mark.parametrize("override,fragment", [
@@ -221,6 +437,9 @@ def test_trainer_runs_the_padded_steps(tmp_path, tiny_args, model, monkeypatch, 
     ("data.batcher=pyg", "cuda_graphs: needs data.batcher"),
     ("model.attn_dropout=0.1", "cuda_graphs: the fused attention dropout"),
     ("device=cpu", "cuda_graphs: needs a CUDA device (device=cpu)"),
+    ("cuda_graph_buckets=0", "cuda_graph_buckets: must be 1..5"),
+    ("cuda_graph_buckets=6", "cuda_graph_buckets: must be 1..5"),
+    ("cuda_graph_buckets=two", "cuda_graph_buckets"),
 ])
 def test_config_errors(tmp_path, tiny_args, capsys, override, fragment):
     assert main(tiny_args("cuda_graphs=true", override)) == 2
@@ -239,8 +458,9 @@ def test_cpu_run_is_refused(tmp_path, tiny_args, capsys):
 @pytest.mark.parametrize("model", ["gat", "gt", "agnn"])
 def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
     """Captured and replayed steps compute what the same padded steps compute
-    eagerly on the GPU (the same kernels on the same buffers), and nothing
-    syncs inside a step (a sync would fail the capture)."""
+    eagerly on the GPU (the same kernels on the same buffers), in three size
+    buckets of one run (their graphs share one memory pool), and nothing syncs
+    inside a step (a sync would fail the capture)."""
     from pyg_dfgnn.train.config import load_config
     from pyg_dfgnn.train.graphed import WARMUP_STEPS, GraphedSteps, StaticBatches
     from pyg_dfgnn.train.metrics import masked_cross_entropy
@@ -252,27 +472,49 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
     cfg = load_config(str(CONFIGS / "pattern_gat_quick.yaml"),
                       [f"model.name={model}", "model.hidden=16", "model.heads=2",
                        "model.layers=2", "model.dropout=0.0"])
+    order = np.argsort(store.n)
+    S, L = order[:2], order[-4:]               # the smallest pair, the largest four
+    probe = StaticBatches([store], 4, torch.device("cpu"), views)
+    tS = probe.totals(store, S)
+    mid = tuple(max(a, b) + 64 for a, b in zip(tS, probe.totals(store, order[2:4])))
+    buckets = [tS, mid]                        # S exactly; then a middle one; worst case
     rng = np.random.default_rng(0)
-    batches = [rng.permutation(12)[:int(rng.integers(2, 5))] for _ in range(WARMUP_STEPS + 4)]
+    rand = [rng.permutation(12)[:int(rng.integers(2, 5))] for _ in range(6)]
+    # warm-up in S, then L's first use (eager), its capture and replays, random ones
+    batches = [S] * WARMUP_STEPS + [L, S, L, S, L] + rand + [L, S]
+    evals = [S, S, S, L, L, L] + rand[:3]
 
     def run(capture):
         torch.manual_seed(0)
         net = build_model(cfg.model, 3, 2, True, "fused").to(dev)
         opt = torch.optim.Adam(net.parameters(), lr=torch.tensor(5e-3, device=dev),
                                capturable=True, fused=True)
-        static = StaticBatches([store], 4, dev, views)
+        static = StaticBatches([store], 4, dev, views, buckets=buckets)
+        assert len(static.buckets) == 3
         steps = GraphedSteps(net, opt, static,
                              lambda o, y, m: masked_cross_entropy(o, y, m, 2, True),
                              lambda: __import__("contextlib").nullcontext(), capture)
-        losses = [float(steps.train_step(store, ids)[1]) for ids in batches]
-        evals = [float(steps.eval_step(store, ids)[1]) for ids in batches[:3]]
-        assert (steps.train_graph is not None) == capture
-        assert (steps.eval_graph is not None) == capture
-        return losses, evals, {k: v.detach().clone() for k, v in net.state_dict().items()}
+        losses, outs = [], []
+        for ids in batches:
+            out, loss, n = steps.train_step(store, ids)
+            losses.append(float(loss))
+            outs.append(out[:n].float().cpu())     # read before the next step
+        evals_ = [float(steps.eval_step(store, ids)[1]) for ids in evals]
+        cap = steps.captured
+        if capture:
+            assert {0, len(static.buckets) - 1} <= set(cap["train"])
+            assert {0, len(static.buckets) - 1} <= set(cap["eval"])
+        else:
+            assert cap == {"train": [], "eval": []}
+        for st in opt.state.values():              # one optimiser step per batch
+            assert int(st["step"]) == len(batches)
+        return losses, outs, evals_, {k: v.detach().clone() for k, v in net.state_dict().items()}
 
-    l_e, v_e, s_e = run(False)
-    l_g, v_g, s_g = run(True)
+    l_e, o_e, v_e, s_e = run(False)
+    l_g, o_g, v_g, s_g = run(True)
     assert l_g == pytest.approx(l_e, rel=1e-5)
     assert v_g == pytest.approx(v_e, rel=1e-5)
+    for a, b in zip(o_e, o_g):    # a replay's outputs are its own batch's
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     for k in s_e:
         torch.testing.assert_close(s_g[k], s_e[k], rtol=1e-4, atol=1e-5, msg=k)
