@@ -2,6 +2,7 @@
 # Session 7 device call: build, then the parts asked for (space-separated):
 #   tests    - the float64-reference kernel/shape tests and the large-logit
 #              gradient test (GAT/GATv2 centred row sums)
+#   graphed  - the CUDA-graph training tests
 #   cudaall  - the whole `pytest -m cuda tests`
 #   profile  - per-kernel GPU time of fused layers, fp32 vs bf16 (profile_layer.py)
 #   sanitize - compute-sanitizer memcheck on the smoke script
@@ -22,6 +23,11 @@ if has tests; then
     tests/ops/test_cuda_shapes.py tests/nn/test_fuzz.py -p no:cacheprovider > "$OUT/pytest_kernels.log" 2>&1
   echo "kernel tests: $(tail -1 "$OUT/pytest_kernels.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_kernels.log" | head -8
+fi
+if has graphed; then
+  timeout 300 python -m pytest -q -m cuda tests/train/test_graphed.py -p no:cacheprovider \
+    > "$OUT/pytest_graphed.log" 2>&1; echo "graphed tests: $(tail -1 "$OUT/pytest_graphed.log")"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/pytest_graphed.log" | head -8
 fi
 if has cudaall; then
   timeout 400 python -m pytest -q -m cuda tests -p no:cacheprovider > "$OUT/pytest_cuda.log" 2>&1
