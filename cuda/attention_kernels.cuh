@@ -55,7 +55,7 @@ constexpr int kThreads = 256;
 #ifndef DFGNN_COL_BLOCKS
 #define DFGNN_COL_BLOCKS 0
 #endif
-template <int KIND> constexpr int kFwdBlocks = DFGNN_FWD_BLOCKS ? DFGNN_FWD_BLOCKS : (KIND == GAT ? 3 : 2);
+template <int KIND> constexpr int kFwdBlocks = DFGNN_FWD_BLOCKS ? DFGNN_FWD_BLOCKS : 3;
 template <int KIND> constexpr int kRowBlocks = DFGNN_ROW_BLOCKS ? DFGNN_ROW_BLOCKS : 2;
 template <int KIND> constexpr int kColBlocks = DFGNN_COL_BLOCKS ? DFGNN_COL_BLOCKS : 2;
 constexpr int kMaxChunks = 2;  // feature chunks per lane per tile (registers)
@@ -314,10 +314,13 @@ __device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
 // flight; the per-edge reductions are butterflies, after which every lane
 // holds every score of the batch (bit-identical across lanes), so the online
 // softmax needs no further communication.
-// Edges per batch (4: the key and value rows of a dot-product batch take 64
-// fp32 registers; 8 spilled for GATv2 and was slower for GAT).
+// Edges per batch.  2: with 3 resident forward blocks (80 registers) the
+// kernels hide the gathers' latency by occupancy rather than by edges in
+// flight per group; measured on an H200 against 4 edges at 2 blocks
+// (docs/KERNELS.md, session 7): dot forward bf16 -22%, GATv2 forward -14%
+// (fp32) / -27% (bf16), backward row pass -4 to -13%.  (8 spilled.)
 #ifndef DFGNN_BATCH
-#define DFGNN_BATCH 4
+#define DFGNN_BATCH 2
 #endif
 template <int KIND> constexpr int kBatch = DFGNN_BATCH;
 // The column pass gathers two rows per edge except for GAT (dO only).
