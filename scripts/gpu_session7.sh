@@ -6,6 +6,7 @@
 #   cudaall  - the whole `pytest -m cuda tests`
 #   profile  - per-kernel GPU time of fused layers, fp32 vs bf16 (profile_layer.py)
 #   sanitize - compute-sanitizer memcheck on the smoke script
+#   bench    - the layer/op shape x dtype matrix (dfgnn bench, no training)
 #   variants - kernel times per launch-bounds variant (VARIANTS, PROFILE_SPECS)
 #   ncu      - Nsight Compute sections of the three kernels of a layer f+b (NCU_SPECS)
 # Usage: bash scripts/gpu_session7.sh OUTDIR "tests profile"
@@ -56,6 +57,14 @@ if has ncu; then
       python scripts/ncu_layer.py --layer $L --shape $S --dtype $D > "$OUT/ncu_${L}_${S}_${D}.txt" 2>&1
     echo "ncu $spec: $(grep -c 'Duration' "$OUT/ncu_${L}_${S}_${D}.txt") kernels"
   done
+fi
+if has bench; then
+  # the shape x dtype matrix of issue 11 (layers and ops vs PyG, same weights),
+  # without the training section and the compile contender
+  timeout 420 python -m pyg_dfgnn bench configs/bench_default.yaml --out "$OUT/bench" --no-train \
+    --no-compile --no-plots --contenders fused,pyg --graphs uniform_100k,powerlaw_100k,pattern_128 \
+    > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; tail -30 "$OUT/bench.log"
 fi
 if has variants; then
   # kernel time per launch-bounds variant (separate build caches); VARIANTS is
