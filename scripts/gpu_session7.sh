@@ -6,6 +6,7 @@
 #   cudaall  - the whole `pytest -m cuda tests`
 #   profile  - per-kernel GPU time of fused layers, fp32 vs bf16 (profile_layer.py)
 #   sanitize - compute-sanitizer memcheck on the smoke script
+#   train    - epochs: CUDA-graph buckets vs one capacity vs PyG (RUNS_S7, NT)
 #   bench    - the layer/op shape x dtype matrix (dfgnn bench, no training)
 #   variants - kernel times per launch-bounds variant (VARIANTS, PROFILE_SPECS)
 #   ncu      - Nsight Compute sections of the three kernels of a layer f+b (NCU_SPECS)
@@ -65,6 +66,42 @@ if has bench; then
     --no-compile --no-plots --contenders fused,pyg --graphs uniform_100k,powerlaw_100k,pattern_128 \
     > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; tail -30 "$OUT/bench.log"
+fi
+if has train; then
+  # epochs with per-size CUDA-graph buckets against one worst-case capacity
+  # and PyG (RUNS_S7 overrides the list; NT training graphs)
+  SKIP_DEFAULT=1 EXTRA_RUNS="${RUNS_S7:-
+run cgt_b4 cluster_gt.yaml backend=fused cuda_graphs=true
+run cgt_b1 cluster_gt.yaml backend=fused cuda_graphs=true cuda_graph_buckets=1
+run cgt_pyg cluster_gt.yaml backend=pyg
+run cgat_b4 cluster_gat.yaml backend=fused cuda_graphs=true
+run cgat_pyg cluster_gat.yaml backend=pyg
+run pgt_b4 pattern_gt.yaml backend=fused cuda_graphs=true
+run pgt_b1 pattern_gt.yaml backend=fused cuda_graphs=true cuda_graph_buckets=1
+run pgt_pyg pattern_gt.yaml backend=pyg
+run pgat_b4 pattern_gat.yaml backend=fused cuda_graphs=true
+run pgat_pyg pattern_gat.yaml backend=pyg
+}" bash scripts/gpu_train_check.sh "$OUT" "${NT:-2000}" > "$OUT/train_lines.txt" 2>&1
+  python - /tmp/dfgnn_runs <<'PY'
+import json, pathlib, sys
+for d in sorted(p for p in pathlib.Path(sys.argv[1]).iterdir() if p.is_dir()):
+    f = d / "results.json"
+    if not f.is_file():
+        print(d.name, "no results"); continue
+    r = json.loads(f.read_text()); h = r["history"][1:] or r["history"]
+    mid = sorted(h, key=lambda x: x["epoch_time_s"])[len(h) // 2]
+    cg = (r.get("training") or {}).get("cuda_graphs")
+    b = ""
+    if isinstance(cg, dict):
+        b = " buckets " + ",".join(f"{x.get('num_nodes')}:{x.get('train_steps')}"
+                                   for x in cg.get("cuda_graph_buckets", []) or []) + f" captures {cg.get('captures')}"
+    print(f"{d.name:10s} epoch {mid['epoch_time_s']:.3f}s train {mid['train_time_s']:.3f}s "
+          f"eval {mid['epoch_time_s'] - mid['train_time_s']:.3f}s steady-peak "
+          f"{(mid['peak_gpu_mem_bytes'] or 0) / 2**20:.0f} MiB run-peak "
+          f"{(r['timings']['peak_gpu_mem_bytes'] or 0) / 2**20:.0f} MiB val {r['history'][-1]['val_metric']:.2f}{b}")
+PY
+  for f in /tmp/dfgnn_runs/*.log; do grep -H -m2 -i "error\|Traceback" "$f"; done 2>/dev/null | head -5
+  (cd /tmp/dfgnn_runs && tar czf "$OUT/runs.tgz" */results.json *.log)
 fi
 if has variants; then
   # kernel time per launch-bounds variant (separate build caches); VARIANTS is
