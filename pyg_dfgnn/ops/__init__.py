@@ -119,18 +119,18 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
          negative_slope: float, dropout: float, return_alpha: bool
          ) -> Tuple[Tensor, Optional[Tensor]]:
     seed = _seed(dropout, graph.device)
-    feats = tuple(t.contiguous() if t is not None else None
-                  for t in (dst_feat, src_feat, value, edge, att))
     floats = (float(scale), float(negative_slope), float(dropout))
     if isinstance(graph, GraphRef):  # torch.compile: the op converts edge_index itself
         if return_alpha:
             raise ValueError("'return_alpha' needs a CSRGraph, not a GraphRef")
+        feats = tuple(t.contiguous() if t is not None else None
+                      for t in (dst_feat, src_feat, value, edge, att))
         return fused.graph_attention(kind, graph, *feats, *floats, seed), None
     plan = fused.plan_of(graph, kind, src_feat, value)
-    out, _lse, alpha = fused.attention(
-        kind, graph.rowptr, graph.col, graph.perm, graph.t_rowptr, graph.t_col,
-        graph.t_perm, *feats, *floats, seed, bool(return_alpha), plan.sched, plan.work,
-        plan.merge, plan.t_work, plan.t_merge)
+    out, _lse, alpha = fused.attention_on(
+        kind, graph, plan, dst_feat.contiguous(), src_feat.contiguous(),
+        None if value is None else value.contiguous(), None if edge is None else edge.contiguous(),
+        None if att is None else att.contiguous(), *floats, seed, bool(return_alpha))
     return out, (alpha if return_alpha else None)
 
 
