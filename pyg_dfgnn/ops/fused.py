@@ -26,6 +26,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..schedule import plan_for
 from . import reference as ref
 
 
@@ -387,8 +388,8 @@ def attention_on(kind: int, graph, plan, dst_feat: Tensor, src_feat: Tensor,
     CUDA / CPU calls, the custom op while compiling or tracing, for float64 and
     on other devices."""
     if src_feat.dtype != torch.float64 and not torch.compiler.is_compiling():
-        dev = src_feat.device.type
-        if dev == "cuda" or dev == "cpu":
+        cuda = src_feat.is_cuda
+        if cuda or src_feat.is_cpu:
             s = _seed_int(seed)
             # no gradient to record (inference, validation): the implementation
             # itself, without the autograd Function's Python wrapper
@@ -398,11 +399,11 @@ def attention_on(kind: int, graph, plan, dst_feat: Tensor, src_feat: Tensor,
                     or (edge is not None and edge.requires_grad)
                     or (att is not None and att.requires_grad))):
                 g = graph
-                return (_cuda_fwd if dev == "cuda" else _cpu_fwd)(
+                return (_cuda_fwd if cuda else _cpu_fwd)(
                     kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst_feat,
                     src_feat, value, edge, att, scale, negative_slope, dropout_p, s,
                     need_alpha, plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge)
-            return (EagerAttention if dev == "cuda" else EagerAttentionCPU).apply(
+            return (EagerAttention if cuda else EagerAttentionCPU).apply(
                 kind, graph, plan, dst_feat, src_feat, value, edge, att, scale,
                 negative_slope, dropout_p, s, need_alpha)
     g = graph
@@ -453,7 +454,6 @@ def _graph_op(name: str):
 
 def plan_of(graph, kind: int, src_feat: Tensor, value: Optional[Tensor]):
     """The schedule (:func:`pyg_dfgnn.schedule.plan_for`) of one call."""
-    from ..schedule import plan_for
     feat = value if value is not None else src_feat
     return plan_for(graph, kind, feat.size(-1) if feat.dim() == 3 else 1, src_feat.size(1),
                     src_feat.dtype)
