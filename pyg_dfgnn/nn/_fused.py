@@ -56,6 +56,28 @@ _PYG_METHODS = ("message", "aggregate", "message_and_aggregate", "update",
 _hook_dicts_of = operator.attrgetter(*_HOOK_DICTS)
 _methods_of = operator.attrgetter(*_PYG_METHODS)
 
+
+
+def _has_hooks(module: Any) -> bool:
+    """Whether any of the message-passing hook dicts is non-empty."""
+    if not torch.compiler.is_compiling():
+        return any(_hook_dicts_of(module))   # one C call (dynamo cannot trace it)
+    for name in _HOOK_DICTS:
+        if len(getattr(module, name)) > 0:
+            return True
+    return False
+
+
+def _overridden(cls: type, pyg_cls: type) -> Optional[str]:
+    """The first of :data:`_PYG_METHODS` that ``cls`` overrides, or ``None``."""
+    if not torch.compiler.is_compiling() and _methods_of(cls) == _methods_of(pyg_cls):
+        return None   # one C call each (functions compare by identity)
+    for name in _PYG_METHODS:
+        if getattr(cls, name) is not getattr(pyg_cls, name):
+            return name
+    return None
+
+
 _WARNED: set = set()
 
 
@@ -101,17 +123,15 @@ class FusedAttentionMixin:
             return "explain mode"
         if self.decomposed_layers > 1:
             return "decomposed_layers > 1"
-        if any(_hook_dicts_of(self)):   # (one C call: a tuple of the ten dicts)
+        if _has_hooks(self):
             return "registered message-passing hooks"
         if self.flow != "source_to_target":
             return f"flow='{self.flow}'"
         if self.aggr not in ("add", "sum"):
             return f"aggr={self.aggr!r}"
-        cls = type(self)
-        if _methods_of(cls) != _methods_of(self._pyg_cls):   # (functions compare by identity)
-            for name in _PYG_METHODS:
-                if getattr(cls, name) is not getattr(self._pyg_cls, name):
-                    return f"an overridden '{name}'"
+        name = _overridden(type(self), self._pyg_cls)
+        if name is not None:
+            return f"an overridden '{name}'"
         if self.training and getattr(self, "dropout", 0.0) >= 1.0:
             return "dropout >= 1"
         for t in tensors:
