@@ -157,8 +157,8 @@ def floors(convs, x, ei):
                             graph.t_col, graph.t_perm, dst, src, value, None, att, scale, 0.2,
                             p, seed, False, plan.sched, plan.work, plan.merge, plan.t_work,
                             plan.t_merge)[0]
-        return fn.apply(kind, graph, plan, dst, src, value, None, att, scale, 0.2, p,
-                        int(seed.item()) if p else 0, False)[0]
+        meta = (kind, graph, plan, scale, 0.2, p, int(seed.item()) if p else 0, False)
+        return fn.apply(meta, dst, src, value, None, att)[0]
 
     gat, gatv2, gt, agnn = (convs[k] for k in ("gat", "gatv2", "gt", "agnn"))
 
