@@ -57,7 +57,6 @@ _hook_dicts_of = operator.attrgetter(*_HOOK_DICTS)
 _methods_of = operator.attrgetter(*_PYG_METHODS)
 
 
-
 def _has_hooks(module: Any) -> bool:
     """Whether any of the message-passing hook dicts is non-empty."""
     if not torch.compiler.is_compiling():
