@@ -472,6 +472,10 @@ class _GraphCache:
         self.stale = 0
 
     def get(self, adj: Any, key: Any, build, trusted: bool = False) -> CSRGraph:
+        if type(adj) is Tensor and adj.layout == torch.strided:
+            graph = self._hit_dense(adj, key, trusted)
+            if graph is not None:
+                return graph
         oid = id(adj)
         tensors = _tensors_of(adj)
         vers = _versions(tensors)
@@ -498,6 +502,30 @@ class _GraphCache:
         self.misses += 1
         self.put(adj, key, _Entry(vers, content, graph))
         return graph
+
+    def _hit_dense(self, adj: Tensor, key: Any, trusted: bool) -> Optional[CSRGraph]:
+        """:meth:`get`'s cache hit for a plain ``edge_index`` tensor, with the same
+        checks in fewer Python operations (same object, same version counter,
+        the content fingerprint where :func:`_skip_content` asks for it);
+        ``None`` on anything else (``get`` then runs its general path, which
+        counts the stale hit or miss and rebuilds)."""
+        entries = self._d.get(id(adj))   # (a dict read is atomic; put/pop lock)
+        if entries is None or entries[0]() is not adj:
+            return None
+        hit = entries[1].get(key)
+        if hit is None:
+            return None
+        try:
+            ver = adj._version
+        except Exception:   # inference tensor: no version counter
+            return None
+        if hit.versions != (ver,):
+            return None
+        if not _skip_content((adj,), hit.versions, trusted):
+            if not _same_content(hit.content, (adj,)):
+                return None
+        self.hits += 1
+        return hit.graph
 
     def put(self, adj: Any, key: Any, entry: "_Entry") -> bool:
         """Store ``entry`` for ``(adj, key)``; False if ``adj`` cannot be weakly
@@ -538,7 +566,7 @@ def strict_cache(enabled: bool = True) -> bool:
 
 
 def _on_accelerator(tensors) -> bool:
-    return any(t is not None and t.device.type != "cpu" for t in tensors)
+    return any(t is not None and not t.is_cpu for t in tensors)
 
 
 def _skip_content(tensors, vers, trusted: bool) -> bool:

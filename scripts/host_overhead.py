@@ -1,26 +1,48 @@
 """Host time of one layer call at steady state (issue 12's "<= 40 us per layer
-forward and the same for its backward"): the wall time of issuing a call while
-the GPU is still busy with the queue, so the host never waits for it.  Per
-layer (fused and PyG's, same weights) on a PATTERN-like batch whose CSR is
-cached, training mode, fp32; plus the hottest Python functions of the fused
-forward (cProfile).  GPU only:
+forward and the same for its backward").
+
+GPU (default when CUDA is available): the wall time of issuing a call while the
+GPU is still busy with the queue, so the host never waits for it.  Per layer
+(fused and PyG's, same weights) on a PATTERN-like batch whose CSR is cached,
+training mode (attention dropout 0.1), fp32; plus the hottest Python functions
+of the fused forward (cProfile, ``--top``)::
 
     PYTHONPATH=. python scripts/host_overhead.py [--graphs 26] [--calls 40] [--top 12]
+
+Every layer first runs the timed loop once untimed (``calls`` forwards kept
+alive, then their backwards), so the CUDA caching allocator holds the blocks
+the timed loop needs: without it the first layer measured paid the
+``cudaMalloc`` of its outputs inside the timed loop (GAT's forward read 3x
+GATv2's).
+
+CPU (``--device cpu``): the same layers on a tiny graph (16 nodes, 64 edges),
+where the kernels take a few microseconds and the wall time is the host
+(Python + dispatcher + autograd) time, next to the *floor*: the same ATen ops
+issued directly (projections, attention logits, the fused op through its
+autograd Function, epilogue), without any layer logic.  The CPU run follows the
+CUDA code path of a host-bound call (``--cpu-path`` keeps the CPU-only choices:
+GAT's folded logits, the content fingerprint of every CPU cache hit)::
+
+    PYTHONPATH=. python scripts/host_overhead.py --device cpu [--top 12]
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
 import io
+import math
 import pstats
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pyg_dfgnn.data import pattern_like_batch  # noqa: E402
+
+DROPOUT = 0.1
 
 
 def layers(width: int, heads: int):
@@ -28,14 +50,21 @@ def layers(width: int, heads: int):
 
     import pyg_dfgnn.nn as ours
     c = width // heads
+    p = DROPOUT
     return {
-        "gat": (ours.GATConv(width, c, heads=heads), pyg.GATConv(width, c, heads=heads)),
-        "gatv2": (ours.GATv2Conv(width, c, heads=heads), pyg.GATv2Conv(width, c, heads=heads)),
-        "gt": (ours.TransformerConv(width, c, heads=heads),
-               pyg.TransformerConv(width, c, heads=heads)),
+        "gat": (ours.GATConv(width, c, heads=heads, dropout=p),
+                pyg.GATConv(width, c, heads=heads, dropout=p)),
+        "gatv2": (ours.GATv2Conv(width, c, heads=heads, dropout=p),
+                  pyg.GATv2Conv(width, c, heads=heads, dropout=p)),
+        "gt": (ours.TransformerConv(width, c, heads=heads, dropout=p),
+               pyg.TransformerConv(width, c, heads=heads, dropout=p)),
         "agnn": (ours.AGNNConv(), pyg.AGNNConv()),
     }
 
+
+# --------------------------------------------------------------------------- #
+# GPU
+# --------------------------------------------------------------------------- #
 
 def host_times(conv, x, ei, calls: int):
     """(forward us, backward us) of host time per call, GPU queue kept busy."""
@@ -45,41 +74,53 @@ def host_times(conv, x, ei, calls: int):
             a = a @ a.T
             a = a / a.norm()
 
-    outs = []
+    def loop(timed: bool):
+        outs = []
+        torch.cuda.synchronize()
+        burn()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            outs.append(conv(x, ei))
+        fwd = (time.perf_counter() - t0) / calls * 1e6
+        grads = [torch.ones_like(o) for o in outs]
+        torch.cuda.synchronize()
+        burn()
+        t0 = time.perf_counter()
+        for o, g in zip(outs, grads):
+            o.backward(g)
+        bwd = (time.perf_counter() - t0) / calls * 1e6
+        torch.cuda.synchronize()
+        return fwd, bwd
+
     for _ in range(3):  # warm-up (caches, plans)
         conv(x, ei).sum().backward()
-    torch.cuda.synchronize()
-    burn()
-    t0 = time.perf_counter()
+    loop(False)         # warm-up of the allocator: the blocks of `calls` live calls
+    return loop(True)
+
+
+def profile_top(fn, calls: int, top: int, sync) -> str:
+    pr = cProfile.Profile()
+    pr.enable()
     for _ in range(calls):
-        outs.append(conv(x, ei))
-    fwd = (time.perf_counter() - t0) / calls * 1e6
-    grads = [torch.ones_like(o) for o in outs]
-    torch.cuda.synchronize()
-    burn()
-    t0 = time.perf_counter()
-    for o, g in zip(outs, grads):
-        o.backward(g)
-    bwd = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return fwd, bwd
+        fn()
+    pr.disable()
+    sync()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return "\n".join(s.getvalue().splitlines()[6:])
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--graphs", type=int, default=26)
-    ap.add_argument("--calls", type=int, default=40)
-    ap.add_argument("--width", type=int, default=80)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--top", type=int, default=0)
-    a = ap.parse_args(argv)
+def main_gpu(a):
     dev = torch.device("cuda")
     b = pattern_like_batch(a.graphs, seed=0).to(dev)
     ei = b.edge_index
     x = torch.randn(b.num_nodes, a.width, device=dev, requires_grad=True)
-    print(f"batch of {a.graphs} graphs ({b.num_nodes} nodes, {ei.size(1)} edges), "
-          f"width {a.width}, {a.heads} heads, training mode, fp32; host us per call")
+    print(f"{torch.cuda.get_device_name()}: batch of {a.graphs} graphs ({b.num_nodes} nodes, "
+          f"{ei.size(1)} edges), width {a.width}, {a.heads} heads, training mode "
+          f"(dropout {DROPOUT}), fp32; host us per call")
     for name, (mine, theirs) in layers(a.width, a.heads).items():
+        if a.layers and name not in a.layers.split(","):
+            continue
         torch.manual_seed(0)
         mine, theirs = mine.to(dev).train(), theirs.to(dev).train()
         theirs.load_state_dict(mine.state_dict())
@@ -88,15 +129,150 @@ def main(argv=None):
         print(f"{name:6s} fused: forward {f1:6.1f} us, backward {b1:6.1f} us | "
               f"pyg: forward {f2:6.1f} us, backward {b2:6.1f} us", flush=True)
         if a.top:
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(a.calls):
-                mine(x, ei)
-            pr.disable()
-            torch.cuda.synchronize()
-            s = io.StringIO()
-            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.top)
-            print("\n".join(s.getvalue().splitlines()[6:]))
+            print(profile_top(lambda: mine(x, ei), a.calls, a.top, torch.cuda.synchronize))
+
+
+# --------------------------------------------------------------------------- #
+# CPU: host time on a tiny graph, against the floor of the ops a layer issues
+# --------------------------------------------------------------------------- #
+
+def floors(convs, x, ei):
+    """Per layer, a function issuing the ATen ops of the layer's CUDA path on a
+    host-bound call (the projections, PyG's attention logits, the fused op
+    through its autograd Function, the epilogue) directly, on the cached
+    graph; no checks, no layer logic."""
+    from pyg_dfgnn.graph import get_graph
+    from pyg_dfgnn.ops import DOT, GAT, GATV2, fused
+
+    N = x.size(0)
+    g = get_graph(ei, (N, N), N)
+    g0 = get_graph(ei, (N, N))
+    fn = fused.EagerAttentionCPU if x.device.type == "cpu" else fused.EagerAttention
+
+    def op(graph, kind, dst, src, value, att, scale, p):
+        plan = fused.plan_of(graph, kind, src, value)
+        seed = torch.randint(0, 2**62, (1,), dtype=torch.long) if p else None
+        if not hasattr(fused, "attention_on"):   # (before the 13-argument Functions)
+            return fn.apply(kind, graph.rowptr, graph.col, graph.perm, graph.t_rowptr,
+                            graph.t_col, graph.t_perm, dst, src, value, None, att, scale, 0.2,
+                            p, seed, False, plan.sched, plan.work, plan.merge, plan.t_work,
+                            plan.t_merge)[0]
+        meta = (kind, graph, plan, scale, 0.2, p, int(seed.item()) if p else 0, False)
+        return fn.apply(meta, dst, src, value, None, att)[0]
+
+    gat, gatv2, gt, agnn = (convs[k] for k in ("gat", "gatv2", "gt", "agnn"))
+
+    def f_gat():
+        H, C = gat.heads, gat.out_channels
+        h = F.linear(x, gat.lin.weight).view(-1, H, C)
+        a_s = (h * gat.att_src).sum(-1)
+        a_d = (h * gat.att_dst).sum(-1)
+        out = op(g, GAT, a_d, a_s, h, None, 1.0, DROPOUT)
+        return out.view(-1, H * C) + gat.bias
+
+    def f_gatv2():
+        H, C = gatv2.heads, gatv2.out_channels
+        xl = F.linear(x, gatv2.lin_l.weight, gatv2.lin_l.bias).view(-1, H, C)
+        xr = F.linear(x, gatv2.lin_r.weight, gatv2.lin_r.bias).view(-1, H, C)
+        out = op(g, GATV2, xr, xl, None, gatv2.att[0], 1.0, DROPOUT)
+        return out.view(-1, H * C) + gatv2.bias
+
+    def f_gt():
+        H, C = gt.heads, gt.out_channels
+        q = gt.lin_query(x).view(-1, H, C)
+        k = gt.lin_key(x).view(-1, H, C)
+        v = gt.lin_value(x).view(-1, H, C)
+        out = op(g0, DOT, q, k, v, None, 1.0 / math.sqrt(C), DROPOUT)
+        return out.view(-1, H * C) + gt.lin_skip(x)
+
+    def f_agnn():
+        xn = F.normalize(x, p=2.0, dim=-1)
+        q = (xn * agnn.beta).unsqueeze(1)
+        return op(g, DOT, q, xn.unsqueeze(1), x.unsqueeze(1), None, 1.0, 0.0).squeeze(1)
+
+    return {"gat": f_gat, "gatv2": f_gatv2, "gt": f_gt, "agnn": f_agnn}
+
+
+def _best_us(fn, n: int, rep: int) -> float:
+    best = math.inf
+    for _ in range(rep):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
+def cpu_times(fn, n: int, rep: int):
+    """(forward us, backward us): best-of-``rep`` mean over ``n`` calls."""
+    out = fn()
+    grad = torch.ones_like(out)
+    fn().backward(grad)
+    fwd = _best_us(fn, n, rep)
+    fb = _best_us(lambda: fn().backward(grad), n, rep)
+    return fwd, fb - fwd
+
+
+def gpu_like_cpu_path():
+    """Make a CPU run take the CUDA path of a host-bound call: GAT's unfolded
+    (PyG) logits, and cache hits accepted on the version counters as on CUDA
+    (on CPU every hit also fingerprints the content)."""
+    import pyg_dfgnn.graph as graph_mod
+    import pyg_dfgnn.nn.gat_conv as gat_mod
+    gat_mod._folded_logits = lambda *a, **k: None
+    graph_mod._on_accelerator = lambda tensors: True
+
+
+def main_cpu(a):
+    torch.set_num_threads(1)   # tiny ops: intra-op threads only add sync cost
+    if not a.cpu_path:
+        gpu_like_cpu_path()
+    torch.manual_seed(0)
+    N, E = 16, 64
+    ei = torch.randint(0, N, (2, E))
+    x = torch.randn(N, a.width, requires_grad=True)
+    from pyg_dfgnn.ops.fused import cpu_path
+    print(f"CPU ({cpu_path(torch.float32)}, 1 thread): tiny graph ({N} nodes, {E} edges), "
+          f"width {a.width}, {a.heads} heads, training mode (dropout {DROPOUT}), fp32, "
+          f"{'CPU' if a.cpu_path else 'CUDA'} code path; host us per call "
+          f"(best of {a.rep} x {a.calls} calls)")
+    pairs = layers(a.width, a.heads)
+    convs = {k: v[0].train() for k, v in pairs.items()}
+    fl = floors(convs, x, ei)
+    for name, (mine, theirs) in pairs.items():
+        if a.layers and name not in a.layers.split(","):
+            continue
+        theirs.load_state_dict(mine.state_dict())
+        theirs.train()
+        f1, b1 = cpu_times(lambda: mine(x, ei), a.calls, a.rep)
+        f0, b0 = cpu_times(fl[name], a.calls, a.rep)
+        f2, b2 = cpu_times(lambda: theirs(x, ei), a.calls, a.rep)
+        print(f"{name:6s} fused: forward {f1:6.1f} us, backward {b1:6.1f} us | "
+              f"floor: forward {f0:6.1f} us, backward {b0:6.1f} us | "
+              f"pyg: forward {f2:6.1f} us, backward {b2:6.1f} us", flush=True)
+        if a.top:
+            print(profile_top(lambda: mine(x, ei), a.calls, a.top, lambda: None))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", choices=("cuda", "cpu"),
+                    default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--graphs", type=int, default=26)
+    ap.add_argument("--calls", type=int, default=None,
+                    help="calls per timing (default: 40 on CUDA, 300 on CPU)")
+    ap.add_argument("--rep", type=int, default=5, help="CPU: best of this many timings")
+    ap.add_argument("--width", type=int, default=80)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--layers", default="", help="comma-separated subset of gat,gatv2,gt,agnn")
+    ap.add_argument("--top", type=int, default=0)
+    ap.add_argument("--cpu-path", action="store_true",
+                    help="CPU: keep the CPU-only code path (folded GAT logits, content "
+                         "fingerprint on every cache hit)")
+    a = ap.parse_args(argv)
+    if a.calls is None:
+        a.calls = 40 if a.device == "cuda" else 300
+    (main_gpu if a.device == "cuda" else main_cpu)(a)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ only holds the few lines that differ from PyG's ``forward``:
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
 from typing import Any, NamedTuple, Optional, Tuple
 
@@ -50,6 +51,31 @@ _HOOK_DICTS = (
 #: methods whose override by a user subclass the fused path would silently skip
 _PYG_METHODS = ("message", "aggregate", "message_and_aggregate", "update",
                 "edge_update", "explain_message")
+
+#: the ten hook dicts / six methods of an instance / class, in one C call each
+_hook_dicts_of = operator.attrgetter(*_HOOK_DICTS)
+_methods_of = operator.attrgetter(*_PYG_METHODS)
+
+
+def _has_hooks(module: Any) -> bool:
+    """Whether any of the message-passing hook dicts is non-empty."""
+    if not torch.compiler.is_compiling():
+        return any(_hook_dicts_of(module))   # one C call (dynamo cannot trace it)
+    for name in _HOOK_DICTS:
+        if len(getattr(module, name)) > 0:
+            return True
+    return False
+
+
+def _overridden(cls: type, pyg_cls: type) -> Optional[str]:
+    """The first of :data:`_PYG_METHODS` that ``cls`` overrides, or ``None``."""
+    if not torch.compiler.is_compiling() and _methods_of(cls) == _methods_of(pyg_cls):
+        return None   # one C call each (functions compare by identity)
+    for name in _PYG_METHODS:
+        if getattr(cls, name) is not getattr(pyg_cls, name):
+            return name
+    return None
+
 
 _WARNED: set = set()
 
@@ -96,26 +122,25 @@ class FusedAttentionMixin:
             return "explain mode"
         if self.decomposed_layers > 1:
             return "decomposed_layers > 1"
-        for name in _HOOK_DICTS:
-            if len(getattr(self, name)) > 0:
-                return "registered message-passing hooks"
+        if _has_hooks(self):
+            return "registered message-passing hooks"
         if self.flow != "source_to_target":
             return f"flow='{self.flow}'"
         if self.aggr not in ("add", "sum"):
             return f"aggr={self.aggr!r}"
-        cls = type(self)
-        for name in _PYG_METHODS:
-            if getattr(cls, name) is not getattr(self._pyg_cls, name):
-                return f"an overridden '{name}'"
+        name = _overridden(type(self), self._pyg_cls)
+        if name is not None:
+            return f"an overridden '{name}'"
         if self.training and getattr(self, "dropout", 0.0) >= 1.0:
             return "dropout >= 1"
         for t in tensors:
-            if isinstance(t, (tuple, list)):
+            if type(t) is Tensor or isinstance(t, Tensor):
+                if t.dtype not in SUPPORTED_DTYPES:
+                    return f"dtype {t.dtype}"
+            elif isinstance(t, (tuple, list)):
                 for u in t:
                     if isinstance(u, Tensor) and u.dtype not in SUPPORTED_DTYPES:
                         return f"dtype {u.dtype}"
-            elif isinstance(t, Tensor) and t.dtype not in SUPPORTED_DTYPES:
-                return f"dtype {t.dtype}"
         return None
 
     def _fused_fallback(self, reason: str, like: Any) -> None:
@@ -251,6 +276,9 @@ def _looped_index(edge_index: Tensor, num_nodes: int) -> Tensor:
 def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
                   num_dst: Optional[int]) -> Tuple[int, int]:
     """``(num_src, num_dst)`` exactly as PyG's ``propagate`` infers them."""
+    if size is None and num_src is not None and num_dst is not None \
+            and type(edge_index) is Tensor and edge_index.layout == torch.strided:
+        return int(num_src), int(num_dst)   # (what _pick_sizes gives a plain tensor)
     s = _pick_sizes(edge_index, size, num_src, num_dst)
     return int(s[0]), int(s[1])
 
@@ -316,6 +344,9 @@ def _resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
         need_adj: also build the looped adjacency PyG returns with the
             attention weights.
     """
+    if type(edge_index) is Tensor and edge_index.layout == torch.strided:
+        return _dense_adjacency(edge_index, size, num_src, num_dst, loops, fill_value,
+                                edge_attr, use_edge_attr, need_adj)
     if is_sparse_tensor(edge_index):
         if loops is not None:
             graph = get_graph(edge_index, None, 0)  # torch_sparse.set_diag
@@ -346,6 +377,15 @@ def _resolve_adjacency(edge_index: Any, size: Any, num_src: Optional[int],
             '`MessagePassing.propagate` only supports integer tensors of '
             'shape `[2, num_messages]`, `torch_sparse.SparseTensor` '
             'or `torch.sparse.Tensor` for argument `edge_index`.')
+    return _dense_adjacency(edge_index, size, num_src, num_dst, loops, fill_value, edge_attr,
+                            use_edge_attr, need_adj)
+
+
+def _dense_adjacency(edge_index: Tensor, size: Any, num_src: Optional[int],
+                     num_dst: Optional[int], loops: Optional[int], fill_value: Any,
+                     edge_attr: Optional[Tensor], use_edge_attr: bool,
+                     need_adj: bool) -> Adjacency:
+    """:func:`_resolve_adjacency` of an ``edge_index`` tensor (or EdgeIndex)."""
     ns, nd = resolve_sizes(edge_index, size, num_src, num_dst)
     adj = edge_index
     ea = edge_attr if use_edge_attr else None
@@ -424,6 +464,11 @@ def common_dtype(*tensors: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
     matmul would).
     """
     present = [t for t in tensors if t is not None]
+    dt = present[0].dtype
+    if all(t.dtype == dt for t in present):
+        # nothing to cast (under autocast too: if any input is in the autocast
+        # dtype, all are)
+        return tensors
     dt = functools.reduce(torch.promote_types, [t.dtype for t in present])
     dev = present[0].device.type
     if dt == torch.float32 and dev in ("cuda", "cpu", "xpu") and \

@@ -43,7 +43,7 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1) -> int:
     """The head width a layer should project to for the CUDA kernels: the padded
     width for ``x``'s dtype on a GPU-bound call, else ``chans`` (CPU, float64,
     small calls: the op pads internally if it must)."""
-    if x.device.type != "cuda" or x.dtype == torch.float64:
+    if not x.is_cuda or x.dtype == torch.float64:
         return chans
     if not gpu_bound(x.size(0), heads, chans):
         return chans

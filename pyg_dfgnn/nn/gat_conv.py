@@ -88,15 +88,18 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         x_in_dst: Optional[Tensor] = x if isinstance(x, Tensor) else x[1]
 
         # Node transformations, verbatim from PyG:
+        lin = self.lin   # (a submodule: each self.lin is a Module.__getattr__ call)
         if isinstance(x, Tensor):
             assert x.dim() == 2, "Static graphs not supported in 'GATConv'"
             if self.res is not None:
                 res = self.res(x)
-            if self.lin is not None:
+            if lin is not None:
                 # value rows in the kernels' padded head width where that pays
                 # (nn/_padded.py); PyG's lin(x).view(-1, H, C) otherwise
-                width = kernel_width(C, x, H) if paddable(self.lin, H, C) else C
-                x_src = x_dst = padded_linear(self.lin, x, H, C, width)
+                width = kernel_width(C, x, H)
+                if width != C and not paddable(lin, H, C):
+                    width = C
+                x_src = x_dst = padded_linear(lin, x, H, C, width)
             else:
                 assert self.lin_src is not None and self.lin_dst is not None
                 x_src = self.lin_src(x).view(-1, H, C)
@@ -106,10 +109,10 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             assert x_src.dim() == 2, "Static graphs not supported in 'GATConv'"
             if x_dst is not None and self.res is not None:
                 res = self.res(x_dst)
-            if self.lin is not None:
-                x_src = self.lin(x_src).view(-1, H, C)
+            if lin is not None:
+                x_src = lin(x_src).view(-1, H, C)
                 if x_dst is not None:
-                    x_dst = self.lin(x_dst).view(-1, H, C)
+                    x_dst = lin(x_dst).view(-1, H, C)
             else:
                 assert self.lin_src is not None and self.lin_dst is not None
                 x_src = self.lin_src(x_src).view(-1, H, C)
@@ -117,10 +120,11 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
                     x_dst = self.lin_dst(x_dst).view(-1, H, C)
 
         alpha_src = alpha_dst = None
-        lin_s = self.lin if self.lin is not None else self.lin_src
-        lin_d = self.lin if self.lin is not None else self.lin_dst
         # the fold pays on GPU-bound calls only (nn/_padded.py: GPU_BOUND_ELEMENTS)
         fold = not x_src.is_cuda or gpu_bound(x_src.size(0), H, C)
+        lin_s = lin_d = lin
+        if fold and lin is None:
+            lin_s, lin_d = self.lin_src, self.lin_dst
         if not fold:
             pass
         elif isinstance(x, Tensor) and lin_s is lin_d:   # one GEMM for both logits

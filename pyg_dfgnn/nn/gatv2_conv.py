@@ -60,8 +60,10 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         # Node transformations, verbatim from PyG (in the kernels' padded head
         # width where C is not a multiple of the CUDA vector: nn/_padded.py)
         width = C
-        if isinstance(x, Tensor) and paddable(self.lin_l, H, C) and paddable(self.lin_r, H, C):
+        if isinstance(x, Tensor):
             width = kernel_width(C, x, H)
+            if width != C and not (paddable(self.lin_l, H, C) and paddable(self.lin_r, H, C)):
+                width = C
         if isinstance(x, Tensor):
             assert x.dim() == 2
             if self.res is not None:

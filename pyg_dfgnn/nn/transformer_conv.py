@@ -55,7 +55,7 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         r"""Runs the forward pass of the module (PyG's, with a fused
         :meth:`propagate`)."""
         if return_attention_weights is None:
-            out = self._padded_forward(x, edge_index, edge_attr)
+            out = self._fused_forward(x, edge_index, edge_attr)
             if out is not None:
                 return out
         self._fused_need_alpha = isinstance(return_attention_weights, bool)
@@ -64,21 +64,26 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         finally:
             self._fused_need_alpha = False
 
-    def _padded_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
-                        edge_attr: OptTensor) -> Optional[Tensor]:
-        """PyG's ``forward`` with the projections written in the kernels'
-        padded head width (:mod:`pyg_dfgnn.nn._padded`), for head widths that
-        are not a multiple of the CUDA vector (8 x 10, 8 x 19, ...); ``None``
-        where it does not apply (PyG's ``forward`` + the fused
-        :meth:`propagate` run instead)."""
+    def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
+                       edge_attr: OptTensor) -> Optional[Tensor]:
+        """PyG's ``forward`` with the fused attention in place of
+        :meth:`propagate`, for the common call (node features as tensors, no
+        attention weights): one pass of checks and no ``self._alpha`` /
+        ``_fused_need_alpha`` bookkeeping (host time).  The projections are
+        written in the kernels' padded head width where that pays
+        (:mod:`pyg_dfgnn.nn._padded`: head widths that are not a multiple of the
+        CUDA vector, 8 x 10, 8 x 19, ..., on GPU-bound calls).  ``None`` where it
+        does not apply (PyG's ``forward`` + the fused :meth:`propagate` run
+        instead, falling back to PyG's message passing where needed)."""
         xs = (x, x) if isinstance(x, Tensor) else x
         if not (isinstance(xs[0], Tensor) and isinstance(xs[1], Tensor)):
             return None
         H, C = self.heads, self.out_channels
-        width = kernel_width(C, xs[0], H)
-        if width == C or self._fused_fallback_reason(xs[0], xs[1]) is not None:
+        if self._fused_fallback_reason(xs[0], xs[1]) is not None:
             return None
-        if self.lin_edge is None and implied_edge_attr(edge_index, edge_attr) is not None:
+        width = kernel_width(C, xs[0], H)
+        lin_edge = self.lin_edge
+        if lin_edge is None and implied_edge_attr(edge_index, edge_attr) is not None:
             return None
         q = padded_linear(self.lin_query, xs[1], H, C, width)
         k = padded_linear(self.lin_key, xs[0], H, C, width)
@@ -86,25 +91,26 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         if q is None or k is None or v is None:
             return None
         adj = resolve_adjacency(edge_index, None, k.size(0), q.size(0),
-                                edge_attr=edge_attr, use_edge_attr=self.lin_edge is not None)
+                                edge_attr=edge_attr, use_edge_attr=lin_edge is not None)
         edge: Optional[Tensor] = None
-        if self.lin_edge is not None:
+        if lin_edge is not None:
             assert adj.edge_attr is not None
-            edge = padded_linear(self.lin_edge, adj.edge_attr, H, C, width)
+            edge = padded_linear(lin_edge, adj.edge_attr, H, C, width)
             if edge is None:
                 return None
         q, k, v, edge = common_dtype(q, k, v, edge)
         out, _ = dot_attention(adj.graph, q, k, v, edge, 1.0 / math.sqrt(C),
                                self._fused_dropout, False)
         out = unpad(out, C)   # [N, H, C] view of the padded result
-        if self.concat and self.root_weight and self.lin_beta is None:
+        lin_beta = self.lin_beta
+        if self.concat and self.root_weight and lin_beta is None:
             # slice + skip connection in one pass
             return (out + self.lin_skip(xs[1]).view(-1, H, C)).view(-1, H * C)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
             x_r = self.lin_skip(xs[1])
-            if self.lin_beta is not None:
-                beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
+            if lin_beta is not None:
+                beta = lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
                 out = beta * x_r + (1 - beta) * out
             else:
                 out = out + x_r

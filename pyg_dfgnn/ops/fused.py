@@ -21,22 +21,35 @@ the same for the transposed CSR in backward.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from ..schedule import plan_for
 from . import reference as ref
 
 
+_C_OPS: list = []
+
+
 def _ext():
+    """``torch.ops.dfgnn_C`` (built or loaded on first use; looked up once)."""
+    if _C_OPS:
+        return _C_OPS[0]
     from .. import _build
     _build.load()
-    return torch.ops.dfgnn_C
+    _C_OPS.append(torch.ops.dfgnn_C)
+    return _C_OPS[0]
 
 
 def _seed_int(seed: Optional[Tensor]) -> int:
-    return int(seed.reshape(-1)[0]) if seed is not None and seed.numel() else 0
+    if seed is None:
+        return 0
+    n = seed.numel()
+    if n == 1:
+        return int(seed.item())   # one dispatcher call (a CPU tensor: no sync)
+    return int(seed.reshape(-1)[0]) if n else 0
 
 
 @torch.library.custom_op("dfgnn::attention_fwd", mutates_args=())
@@ -60,18 +73,26 @@ def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
                                  need_alpha)
 
 
+def _cuda_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value,
+              edge, att, scale, negative_slope, dropout_p, seed: int, need_alpha, sched, work,
+              merge, t_work, t_merge):
+    """The CUDA forward with the dropout seed as a Python int."""
+    if src_feat.dtype == torch.float64:  # the kernels are fp32/fp16/bf16: exact reference
+        return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
+                                     att, scale, negative_slope, dropout_p, seed, need_alpha)
+    return tuple(_ext().attention_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                      dst_feat, src_feat, value, edge, att, scale,
+                                      negative_slope, dropout_p, seed, need_alpha,
+                                      sched, work, merge, t_work, t_merge))
+
+
 @attention_fwd.register_kernel("cuda")
 def _attention_fwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                         src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
                         need_alpha, sched, work, merge, t_work, t_merge):
-    if src_feat.dtype == torch.float64:  # the kernels are fp32/fp16/bf16: exact reference
-        return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
-                                     att, scale, negative_slope, dropout_p, _seed_int(seed),
-                                     need_alpha)
-    return tuple(_ext().attention_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
-                                      dst_feat, src_feat, value, edge, att, scale,
-                                      negative_slope, dropout_p, _seed_int(seed), need_alpha,
-                                      sched, work, merge, t_work, t_merge))
+    return _cuda_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
+                     value, edge, att, scale, negative_slope, dropout_p, _seed_int(seed),
+                     need_alpha, sched, work, merge, t_work, t_merge)
 
 
 def _cpu_ops(kind, src_feat, value):
@@ -98,19 +119,29 @@ def cpu_path(dtype: torch.dtype) -> str:
     return "C++ CPU kernels"
 
 
+def _cpu_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value,
+             edge, att, scale, negative_slope, dropout_p, seed: int, need_alpha, sched, work,
+             merge, t_work, t_merge, ops=False):
+    """The CPU forward with the dropout seed as a Python int; ``ops``: the
+    :func:`_cpu_ops` choice when the caller made it already."""
+    if ops is False:
+        ops = _cpu_ops(kind, src_feat, value)
+    if ops is None:
+        return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
+                                     att, scale, negative_slope, dropout_p, seed, need_alpha)
+    return tuple(ops.attention_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                   dst_feat, src_feat, value, edge, att, scale,
+                                   negative_slope, dropout_p, seed, need_alpha,
+                                   sched, work, merge, t_work, t_merge))
+
+
 @attention_fwd.register_kernel("cpu")
 def _attention_fwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
                        need_alpha, sched, work, merge, t_work, t_merge):
-    ops = _cpu_ops(kind, src_feat, value)
-    if ops is None:
-        return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
-                                     att, scale, negative_slope, dropout_p, _seed_int(seed),
-                                     need_alpha)
-    return tuple(ops.attention_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
-                                   dst_feat, src_feat, value, edge, att, scale,
-                                   negative_slope, dropout_p, _seed_int(seed), need_alpha,
-                                   sched, work, merge, t_work, t_merge))
+    return _cpu_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
+                    value, edge, att, scale, negative_slope, dropout_p, _seed_int(seed),
+                    need_alpha, sched, work, merge, t_work, t_merge)
 
 
 def _out_dtype(kind, src_feat, value):
@@ -155,35 +186,54 @@ def attention_bwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
                                   out, lse, grad_out)
 
 
+def _cuda_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value,
+              edge, att, scale, negative_slope, dropout_p, seed: int, out, lse, grad_out, sched,
+              work, merge, t_work, t_merge):
+    """The CUDA backward with the dropout seed as a Python int."""
+    if src_feat.dtype == torch.float64:
+        return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
+                                      edge, att, scale, negative_slope, dropout_p, seed, out,
+                                      lse, grad_out)
+    return list(_ext().attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                     dst_feat, src_feat, value, edge, att, scale,
+                                     negative_slope, dropout_p, seed, out, lse,
+                                     grad_out.contiguous(), sched, work, merge, t_work,
+                                     t_merge))
+
+
 @attention_bwd.register_kernel("cuda")
 def _attention_bwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                         src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
                         out, lse, grad_out, sched, work, merge, t_work, t_merge):
-    if src_feat.dtype == torch.float64:
+    return _cuda_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
+                     value, edge, att, scale, negative_slope, dropout_p, _seed_int(seed), out,
+                     lse, grad_out, sched, work, merge, t_work, t_merge)
+
+
+def _cpu_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value,
+             edge, att, scale, negative_slope, dropout_p, seed: int, out, lse, grad_out, sched,
+             work, merge, t_work, t_merge, ops=False):
+    """The CPU backward with the dropout seed as a Python int; ``ops`` as in
+    :func:`_cpu_fwd` (the forward's choice: it depends on the inputs only)."""
+    if ops is False:
+        ops = _cpu_ops(kind, src_feat, value)
+    if ops is None:
         return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
-                                      edge, att, scale, negative_slope, dropout_p,
-                                      _seed_int(seed), out, lse, grad_out)
-    return list(_ext().attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
-                                     dst_feat, src_feat, value, edge, att, scale,
-                                     negative_slope, dropout_p, _seed_int(seed), out, lse,
-                                     grad_out.contiguous(), sched, work, merge, t_work,
-                                     t_merge))
+                                      edge, att, scale, negative_slope, dropout_p, seed, out,
+                                      lse, grad_out)
+    return list(ops.attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
+                                  dst_feat, src_feat, value, edge, att, scale,
+                                  negative_slope, dropout_p, seed, out, lse,
+                                  grad_out, sched, work, merge, t_work, t_merge))
 
 
 @attention_bwd.register_kernel("cpu")
 def _attention_bwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
                        out, lse, grad_out, sched, work, merge, t_work, t_merge):
-    # the same choice as the forward (it depends on the inputs only)
-    ops = _cpu_ops(kind, src_feat, value)
-    if ops is None:
-        return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
-                                      edge, att, scale, negative_slope, dropout_p,
-                                      _seed_int(seed), out, lse, grad_out)
-    return list(ops.attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
-                                  dst_feat, src_feat, value, edge, att, scale,
-                                  negative_slope, dropout_p, _seed_int(seed), out, lse,
-                                  grad_out, sched, work, merge, t_work, t_merge))
+    return _cpu_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
+                    value, edge, att, scale, negative_slope, dropout_p, _seed_int(seed), out,
+                    lse, grad_out, sched, work, merge, t_work, t_merge)
 
 
 def _bwd_outputs_like(src_feat, *inputs):
@@ -241,55 +291,133 @@ def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _eager_function(name: str, fwd, bwd, doc: str) -> type:
-    """An autograd Function running ``fwd`` / ``bwd`` (the per-device
-    implementations of ``dfgnn::attention_fwd`` / ``attention_bwd``) directly,
-    with the same saved context as the custom op's autograd."""
+class _CSR(NamedTuple):
+    """The index tensors of a CSR graph (what :class:`~pyg_dfgnn.graph.CSRGraph`
+    holds), for :func:`attention`'s flat argument list."""
 
-    def forward(ctx, *args):
-        output = fwd(*args)
-        _setup_context(ctx, args, output)
+    rowptr: Tensor
+    col: Tensor
+    perm: Optional[Tensor]
+    t_rowptr: Tensor
+    t_col: Tensor
+    t_perm: Tensor
+
+
+class _Sched(NamedTuple):
+    """A schedule (what :class:`~pyg_dfgnn.schedule.Plan` holds)."""
+
+    sched: List[int]
+    work: Optional[Tensor]
+    merge: Optional[Tensor]
+    t_work: Optional[Tensor]
+    t_merge: Optional[Tensor]
+
+
+def _eager_function(name: str, fwd, bwd, doc: str, cpu: bool) -> type:
+    """An autograd Function running ``fwd`` / ``bwd`` (the per-device
+    implementations of ``dfgnn::attention_fwd`` / ``attention_bwd``, seed as a
+    Python int) directly.
+
+    ``apply(meta, dst_feat, src_feat, value, edge, att)`` with ``meta = (kind,
+    graph, plan, scale, negative_slope, dropout_p, seed, need_alpha)``:
+    ``graph`` has the CSR index tensors as attributes (a
+    :class:`~pyg_dfgnn.graph.CSRGraph`), ``plan`` the schedule (a
+    :class:`~pyg_dfgnn.schedule.Plan`), ``seed`` is an int.  Only the
+    differentiable inputs are arguments of their own and saved tensors: the
+    graph and plan are never differentiated (they stay on the context), and
+    6 arguments instead of the op's 22 (7 saved tensors instead of 18) cut the
+    Function's own host time by more than half.  Absent gradients of
+    ``lse``/``alpha`` are not materialised (they are never used).
+    """
+
+    def forward(ctx, meta, dst_feat, src_feat, value, edge, att):
+        kind, g, plan, scale, negative_slope, dropout_p, seed, need_alpha = meta
+        extra = {}
+        if cpu:   # choose the CPU kernels once for forward and backward
+            extra["ops"] = ctx.ops = _cpu_ops(kind, src_feat, value)
+        output = fwd(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst_feat,
+                     src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
+                     need_alpha, plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge,
+                     **extra)
+        out, lse, alpha = output
+        ctx.meta = meta
+        ctx.save_for_backward(dst_feat, src_feat, value, edge, att, out, lse)
+        ctx.mark_non_differentiable(lse, alpha)
+        ctx.set_materialize_grads(False)
         return output
 
     def backward(ctx, grad_out, _grad_lse, _grad_alpha):
-        return _backward_with(bwd, ctx, grad_out)
+        if grad_out is None:   # (out unused: only lse/alpha, which have no gradient)
+            return (None,) * 6
+        dst_feat, src_feat, value, edge, att, out, lse = ctx.saved_tensors
+        kind, g, plan, scale, slope, p, seed, _ = ctx.meta
+        extra = {"ops": ctx.ops} if cpu else {}
+        grads = bwd(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst_feat,
+                    src_feat, value, edge, att, scale, slope, p, seed, out, lse, grad_out,
+                    plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge, **extra)
+        return (None,) + _input_grads(grads, value, edge, att)
 
     return type(name, (torch.autograd.Function,),
                 {"__doc__": doc, "forward": staticmethod(forward),
                  "backward": staticmethod(backward)})
 
 
-EagerAttention = _eager_function("EagerAttention", _attention_fwd_cuda, _attention_bwd_cuda, """
+EagerAttention = _eager_function("EagerAttention", _cuda_fwd, _cuda_bwd, """
     The same forward/backward pair as ``dfgnn::attention_fwd`` for eager CUDA
     calls, without the custom-op dispatch layers: those cost ~0.35 ms of host
     time per forward+backward (measured on the device machine with
     ``scripts/profile_op.py --host``), as much as the kernels themselves on a
-    PATTERN batch.  Arguments and outputs are those of ``attention_fwd``.
-    Under ``torch.compile`` (and on other devices) the custom op is used.""")
+    PATTERN batch.  Arguments: see :func:`attention_on`.
+    Under ``torch.compile`` (and on other devices) the custom op is used.""", cpu=False)
 
-EagerAttentionCPU = _eager_function("EagerAttentionCPU", _attention_fwd_cpu, _attention_bwd_cpu, """
+EagerAttentionCPU = _eager_function("EagerAttentionCPU", _cpu_fwd, _cpu_bwd, """
     :class:`EagerAttention` for eager CPU calls: the CPU implementations of
     the custom ops (C++ kernels, or the reference where they do not apply)
     without the dispatch layers, which cost about as much as the kernels on
-    small graphs (PATTERN batches).""")
+    small graphs (PATTERN batches).""", cpu=True)
+
+
+def attention_on(kind: int, graph, plan, dst_feat: Tensor, src_feat: Tensor,
+                 value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],
+                 scale: float, negative_slope: float, dropout_p: float,
+                 seed: Optional[Tensor], need_alpha: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """``attention_fwd`` with autograd on a CSR ``graph`` (index tensors as
+    attributes: :class:`~pyg_dfgnn.graph.CSRGraph`) and its schedule ``plan``
+    (:class:`~pyg_dfgnn.schedule.Plan`), by the cheapest correct route: the
+    :class:`EagerAttention` / :class:`EagerAttentionCPU` functions for eager
+    CUDA / CPU calls, the custom op while compiling or tracing, for float64 and
+    on other devices."""
+    if src_feat.dtype != torch.float64 and not torch.compiler.is_compiling():
+        cuda = src_feat.is_cuda
+        if cuda or src_feat.is_cpu:
+            s = _seed_int(seed)
+            # no gradient to record (inference, validation): the implementation
+            # itself, without the autograd Function's Python wrapper
+            if not (torch.is_grad_enabled() and (
+                    dst_feat.requires_grad or src_feat.requires_grad
+                    or (value is not None and value.requires_grad)
+                    or (edge is not None and edge.requires_grad)
+                    or (att is not None and att.requires_grad))):
+                g = graph
+                return (_cuda_fwd if cuda else _cpu_fwd)(
+                    kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst_feat,
+                    src_feat, value, edge, att, scale, negative_slope, dropout_p, s,
+                    need_alpha, plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge)
+            return (EagerAttention if cuda else EagerAttentionCPU).apply(
+                (kind, graph, plan, scale, negative_slope, dropout_p, s, need_alpha),
+                dst_feat, src_feat, value, edge, att)
+    g = graph
+    return attention_fwd(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm,
+                         dst_feat, src_feat, value, edge, att, scale, negative_slope,
+                         dropout_p, seed, need_alpha, plan.sched, plan.work, plan.merge,
+                         plan.t_work, plan.t_merge)
 
 
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
-    """``attention_fwd(*args)`` with autograd, by the cheapest correct route:
-    the :class:`EagerAttention` / :class:`EagerAttentionCPU` functions for eager
-    CUDA / CPU calls, the custom op while compiling or tracing, for float64 and
-    on other devices."""
-    src_feat = args[8]
-    if src_feat.dtype != torch.float64 and not torch.compiler.is_compiling():
-        dev = src_feat.device.type
-        if dev in ("cuda", "cpu"):
-            # no gradient to record (inference, validation): the implementation
-            # itself, without the autograd Function's Python wrapper
-            if not (torch.is_grad_enabled() and any(
-                    isinstance(t, Tensor) and t.requires_grad for t in args[7:12])):
-                return (_attention_fwd_cuda if dev == "cuda" else _attention_fwd_cpu)(*args)
-            return (EagerAttention if dev == "cuda" else EagerAttentionCPU).apply(*args)
-    return attention_fwd(*args)
+    """``attention_fwd(*args)`` (the op's 22 arguments) with autograd, by the
+    cheapest correct route (:func:`attention_on`)."""
+    kind = args[0]
+    return attention_on(kind, _CSR(*args[1:7]), _Sched(*args[17:22]), *args[7:17])
 
 
 # --------------------------------------------------------------------------- #
@@ -326,7 +454,6 @@ def _graph_op(name: str):
 
 def plan_of(graph, kind: int, src_feat: Tensor, value: Optional[Tensor]):
     """The schedule (:func:`pyg_dfgnn.schedule.plan_for`) of one call."""
-    from ..schedule import plan_for
     feat = value if value is not None else src_feat
     return plan_for(graph, kind, feat.size(-1) if feat.dim() == 3 else 1, src_feat.size(1),
                     src_feat.dtype)
