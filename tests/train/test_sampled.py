@@ -243,12 +243,12 @@ def test_sampled_training_honours_precision(tmp_path, monkeypatch):
     import pyg_dfgnn.ops.fused as fused
     from pyg_dfgnn.train.cli import main
     seen = []
-    orig = fused.attention
+    orig = fused.attention_on
 
     def spy(kind, *args):
-        seen.append(args[7].dtype)  # src_feat
+        seen.append(args[3].dtype)  # src_feat (after graph, plan, dst_feat)
         return orig(kind, *args)
-    monkeypatch.setattr(fused, "attention", spy)
+    monkeypatch.setattr(fused, "attention_on", spy)
     out = tmp_path / "run"
     assert main([str(CONFIGS / "cora_gat_sampled_quick.yaml")] + TINY_SAMPLED
                 + ["backend=fused", "epochs=1", "precision=bf16", f"out_dir={out}",
