@@ -6,6 +6,7 @@
 #   cudaall  - the whole `pytest -m cuda tests`
 #   profile  - per-kernel GPU time of fused layers, fp32 vs bf16 (profile_layer.py)
 #   sanitize - compute-sanitizer memcheck on the smoke script
+#   host     - host time per layer call, this tree and _carry/base
 #   train    - epochs: CUDA-graph buckets vs one capacity vs PyG (RUNS_S7, NT)
 #   bench    - the layer/op shape x dtype matrix (dfgnn bench, no training)
 #   variants - kernel times per launch-bounds variant (VARIANTS, PROFILE_SPECS)
@@ -66,6 +67,17 @@ if has bench; then
     --no-compile --no-plots --contenders fused,pyg --graphs uniform_100k,powerlaw_100k,pattern_128 \
     > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; tail -30 "$OUT/bench.log"
+fi
+if has host; then
+  # host time per layer call (scripts/host_overhead.py); with _carry/base (a
+  # checkout of an older commit, carried to the device) the same script on it
+  timeout 200 python scripts/host_overhead.py --top 8 > "$OUT/host_new.log" 2>&1
+  echo "host (this tree):"; grep -v "^ " "$OUT/host_new.log" | tail -12
+  if [ -d _carry/base ]; then
+    (cd _carry/base && PYTHONPATH=$PWD PYG_DFGNN_CACHE=/tmp/dfgnn_cache_base timeout 240 \
+      python scripts/host_overhead.py --top 8) > "$OUT/host_base.log" 2>&1
+    echo "host (_carry/base):"; grep -v "^ " "$OUT/host_base.log" | tail -12
+  fi
 fi
 if has train; then
   # epochs with per-size CUDA-graph buckets against one worst-case capacity
