@@ -590,7 +590,8 @@ def test_trainer_runs_the_padded_steps(tmp_path, tiny_args, model, monkeypatch, 
         assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-2)
     cg = ours["training"]["cuda_graphs"]
     buckets = cg["cuda_graph_buckets"]
-    assert 1 <= len(buckets) <= 4 and cg["captured"] is False
+    assert 1 <= len(buckets) <= 4 and cg["captured"] is False and cg["captures"] == 0
+    assert isinstance(cg["dry_runs"], int)    # the CPU path runs the schedule's dry runs too
     assert (buckets[-1]["num_nodes"], buckets[-1]["num_edges"]) == (cg["num_nodes"],
                                                                     cg["num_edges"])
     assert sum(b["train_steps"] for b in buckets) == sum(h["steps"] for h in ours["history"])
@@ -627,7 +628,12 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
     """Captured and replayed steps compute what the same padded steps compute
     eagerly on the GPU (the same kernels on the same buffers), in three size
     buckets of one run (their graphs share one memory pool), and nothing syncs
-    inside a step (a sync would fail the capture)."""
+    inside a step (a sync would fail the capture).  The capture schedule: the
+    two buckets below the worst case at the capture point (the middle one
+    after a dry run), the worst case later when a batch needs it (a dry run,
+    then a capture into the same pool); no graph captured twice; the capture
+    points (dry runs, captures, loads) leave parameters, optimiser state and
+    buffers bit-identical."""
     from pyg_dfgnn.train.config import load_config
     from pyg_dfgnn.train.graphed import WARMUP_STEPS, GraphedSteps, StaticBatches
     from pyg_dfgnn.train.metrics import masked_cross_entropy
@@ -647,8 +653,8 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
     buckets = [tS, mid]                        # S exactly; then a middle one; worst case
     rng = np.random.default_rng(0)
     rand = [rng.permutation(12)[:int(rng.integers(2, 5))] for _ in range(6)]
-    # warm-up in S, then L's first use (eager), its capture and replays, random ones
-    batches = [S] * WARMUP_STEPS + [L, S, L, S, L] + rand + [L, S]
+    # warm-up in S, the capture point at S (buckets 0 and 1), L's lazy capture
+    batches = [S] * WARMUP_STEPS + [S, L, S, L, S, L] + rand + [L, S]
     evals = [S, S, S, L, L, L] + rand[:3]
 
     def run(capture):
@@ -661,6 +667,14 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
         steps = GraphedSteps(net, opt, static,
                              lambda o, y, m: masked_cross_entropy(o, y, m, 2, True),
                              lambda: __import__("contextlib").nullcontext(), capture)
+        arm = steps._arm
+
+        def checked_arm(*a):
+            before = _state(net, opt)
+            arm(*a)
+            torch.cuda.synchronize()
+            _assert_same_state(before, _state(net, opt))
+        steps._arm = checked_arm
         losses, outs = [], []
         for ids in batches:
             out, loss, n = steps.train_step(store, ids)
@@ -668,11 +682,15 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
             outs.append(out[:n].float().cpu())     # read before the next step
         evals_ = [float(steps.eval_step(store, ids)[1]) for ids in evals]
         cap = steps.captured
+        assert steps.schedule[:3] == [("dry-train", 1), ("train", 1), ("train", 0)]
+        assert steps.schedule[3:5] == [("dry-train", 2), ("train", 2)]
+        assert ("eval", 2) in steps.schedule and len(set(steps.schedule)) == len(
+            steps.schedule)                        # nothing twice
         if capture:
-            assert {0, len(static.buckets) - 1} <= set(cap["train"])
-            assert {0, len(static.buckets) - 1} <= set(cap["eval"])
+            assert cap == {"train": [0, 1, 2], "eval": [0, 1, 2]}
+            assert steps.captures == 6
         else:
-            assert cap == {"train": [], "eval": []}
+            assert cap == {"train": [], "eval": []} and steps.captures == 0
         for st in opt.state.values():              # one optimiser step per batch
             assert int(st["step"]) == len(batches)
         return losses, outs, evals_, {k: v.detach().clone() for k, v in net.state_dict().items()}
