@@ -419,50 +419,72 @@ class StaticBatches:
 class GraphedSteps:
     """The training step and the evaluation forward of a run, captured as CUDA
     graphs, one of each per bucket of :class:`StaticBatches` (``capture=False``:
-    the same padded steps in the same buckets, always eager -- what the CPU
+    the same padded steps in the same buckets with the same schedule -- dry
+    runs included -- only eager instead of captured and replayed: what the CPU
     tests check).
 
-    When a bucket's graph is captured: the first :data:`WARMUP_STEPS` training
-    steps are eager, whatever their buckets (lazy initialisation, the
-    optimiser's state); after them, a bucket's training graph is captured the
-    first time a batch of that bucket comes *and* the bucket has run eagerly
-    once before (during the warm-up or, for a bucket first needed later, by
-    running that first batch eagerly: an ordinary step, so every batch is
-    still exactly one optimiser step).  That eager run at the bucket's shapes
-    does the per-shape lazy work (library workspaces and plans, allocator
-    growth) outside a capture, where a sync or a fresh host-to-device copy
-    would fail it.  The evaluation graph of a bucket likewise: eager on the
-    bucket's first evaluation batch, captured on the next one, and only once
-    some training graph exists (its capture comes first, so that parameters
-    and optimiser state have their final addresses).  A capture records and
-    runs nothing; :meth:`_capture` replays the new graph once for its batch.
+    **Capture schedule.**  The first :data:`WARMUP_STEPS` training steps run
+    eagerly, whatever their buckets (lazy initialisation, the optimiser's
+    state).  The next training step is the *capture point*: the training
+    graphs of every bucket below the worst case (plus the worst case if this
+    batch needs it) are captured there, all at once, in **descending** size
+    order (see *Memory*), and then the graph of the batch's bucket is replayed
+    -- its one optimiser step.  After that every training batch is a replay,
+    except that a bucket without a graph (the worst case, which in practice no
+    batch needs, see :func:`bucket_capacities`) is captured the first time a
+    batch needs it, into the same pool.  No eager step runs after the warm-up
+    and no graph is ever dropped and captured again.  The evaluation graphs
+    likewise: evaluation runs eagerly until the training capture point has
+    passed (the training graphs come first, so that parameters and optimiser
+    state have their final addresses), then the first evaluation batch
+    captures the evaluation graphs of every bucket below the worst case
+    (descending, plus its own bucket) and the worst case's comes when needed.
 
-    Memory: every graph of the run is captured into **one** private memory
-    pool, so a graph may reuse what another one's capture freed, and the pool
+    A capture may not do a shape's lazy work (library workspaces and plans,
+    allocator growth: a sync or a fresh host-to-device copy fails it), so a
+    bucket whose shapes have not run yet in that mode gets a *dry run* just
+    before its capture, eagerly on a side stream: the loaded batch in the
+    bucket's shapes, forward and backward but **no optimiser step**, then the
+    gradients are dropped (``zero_grad(set_to_none=True)``, as before every
+    training capture: each capture allocates its own, see *Memory*).  A
+    training-mode forward updates BatchNorm's running statistics, so the
+    model's buffers are saved before a dry run and copied back in place after
+    it: a dry run leaves parameters, optimiser state and buffers bit-identical
+    (only the random stream advances, by the dropout draws of one forward).
+    The evaluation forward gets its own dry run (no-grad, eval mode) per
+    bucket: it takes other code paths than training (no autograd, BatchNorm
+    on its running statistics, the layers' forward-only kernels), whose lazy
+    work the training dry run would not have done; it is one forward per
+    bucket and run.  A bucket smaller than the loaded batch is dry-run and
+    captured on the graphs of the batch that fit it (:meth:`_fitting`; the
+    data does not matter, only the shapes, which are the bucket's); where not
+    one graph fits, the bucket is left for later like the worst case.  After
+    the captures the batch itself is loaded again.  Every batch is exactly one
+    optimiser step; a capture records and runs nothing.
+
+    **Memory.**  Every graph of the run is captured into **one** private memory
+    pool, so a graph reuses what another one's capture freed, and the pool
     holds about the largest graph's working memory rather than the sum.  For
-    that the largest training graph must be captured first: a smaller graph's
-    freed blocks are too small for a larger graph's tensors (the allocator
-    would add segments, and the pool would grow towards the sum of the
-    graphs), while a larger graph's freed blocks are split for a smaller
-    one's.  So, before capturing the training graph of a bucket larger than
-    every one captured so far, all graphs and their pool are dropped (their
-    buckets stay warm and capture again on their next batches): at most one
-    such restart per bucket and run.  Sharing is safe because (1) the graphs
-    never run concurrently: every replay and capture is issued from this
-    object on the current stream, in order;
-    (2) a graph reads only what is outside the pool -- the static buffers,
-    parameters, optimiser state and BatchNorm statistics (created eagerly
-    before the first capture and updated in place) -- or what it wrote itself
-    earlier in the same replay: the gradients are allocated inside the capture
-    (``zero_grad(set_to_none=True)`` before it), so each graph has its own,
-    written by its backward before its optimiser step reads them;
+    that the largest graphs are captured first: a larger graph's freed blocks
+    are split for a smaller one's tensors, while a smaller graph's are too
+    small for a larger one's (the pool would grow towards the sum).  Only a
+    bucket captured after the capture point (the worst case) can grow the
+    pool.  Sharing is safe because (1) the graphs never run concurrently:
+    every replay and capture is issued from this object on the current stream,
+    in order; (2) a graph reads only what is outside the pool -- the static
+    buffers, parameters, optimiser state and BatchNorm statistics (created
+    eagerly before the first capture and updated in place) -- or what it wrote
+    itself earlier in the same replay: the gradients are allocated inside the
+    capture (``zero_grad(set_to_none=True)`` before it), so each graph has its
+    own, written by its backward before its optimiser step reads them;
     (3) what the host reads after a replay, the outputs ``(out, loss)``, are
     tensors still alive while the later graphs are captured, so no later
     capture places anything on them -- but an *earlier* graph may have used
     their memory as scratch, so they are valid only until the next step of any
     bucket (train or eval), which is the contract of :meth:`train_step` and
     :meth:`eval_step` (the trainer reads them, in stream order, before the next
-    step).
+    step).  The dry runs allocate outside the pool, once per bucket, before
+    the capture point's captures are done.
 
     Args:
         model: the module trained (its ``forward(x, edge_index, lap_pe=...,
@@ -510,6 +532,103 @@ class GraphedSteps:
             yield
         torch.cuda.current_stream().wait_stream(s)
 
+    @contextlib.contextmanager
+    def _keep_buffers(self):
+        """The model's buffers (BatchNorm's running statistics and counts) as
+        they were on entry, copied back in place on exit (their addresses are
+        the graphs')."""
+        saved = [(b, b.detach().clone()) for b in self.model.buffers()]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for b, s in saved:
+                    b.copy_(s)
+
+    # ---------------------------------------------------------------- dry runs
+    def _dry_train(self, bucket: int) -> None:
+        """The training step's lazy work at ``bucket``'s shapes outside a
+        capture: forward and backward of the loaded batch, no optimiser step;
+        parameters, optimiser state and buffers stay bit-identical, the
+        gradients are dropped."""
+        with self._side_stream(), self._keep_buffers():
+            self.opt.zero_grad(set_to_none=True)
+            _, loss = self._forward(bucket)
+            loss.backward()
+            self.opt.zero_grad(set_to_none=True)
+        self._ran["train"].add(bucket)
+        self.dry_runs += 1
+        self.schedule.append(("dry-train", bucket))
+
+    def _dry_eval(self, bucket: int) -> None:
+        """The evaluation forward's lazy work at ``bucket``'s shapes (eval
+        mode, no grad), outside a capture; changes nothing."""
+        with torch.no_grad(), self._side_stream(), self._keep_buffers():
+            self._forward(bucket)
+        self._ran["eval"].add(bucket)
+        self.dry_runs += 1
+        self.schedule.append(("dry-eval", bucket))
+
+    # ---------------------------------------------------------------- captures
+    def _capture(self, body):
+        """``body`` recorded as a CUDA graph in the run's shared pool (see the
+        class docstring): ``(graph, outputs)``.  Records and runs nothing."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            outputs = body()
+        return g, outputs
+
+    def _fitting(self, store: Any, ids: np.ndarray, bucket: int) -> Optional[np.ndarray]:
+        """The graphs of ``ids`` that together fit ``bucket`` (taken in order
+        while they fit), or ``None`` where not one does."""
+        n, e, enl = self.static.buckets[bucket]
+        N = E = Enl = 0
+        keep = []
+        for i in np.asarray(ids, dtype=np.int64):
+            dn, de, dnl = self.static.totals(store, i[None])
+            if N + dn <= n and E + de <= e and (Enl + dnl <= enl or not self.static.loops):
+                keep.append(i)
+                N, E, Enl = N + dn, E + de, Enl + dnl
+        return np.asarray(keep, dtype=np.int64) if keep else None
+
+    def _arm(self, kind: str, store: Any, ids: np.ndarray) -> None:
+        """Capture the ``kind`` (``"train"``/``"eval"``) graphs due now with
+        batch ``ids`` of ``store`` loaded (class docstring): at the first call
+        every bucket below the worst case and the batch's own, descending,
+        later the batch's bucket only; each after a dry run where its shapes
+        have not run in this mode.  The batch is loaded again at the end.
+        ``capture=False``: the same dry runs and loads, no capture."""
+        s = self.static
+        b = s.bucket
+        armed = self._armed[kind]
+        due = {b} if armed else set(range(len(s.buckets) - 1)) | {b}
+        graphs, outs = ((self.train_graphs, self._train_out) if kind == "train"
+                        else (self.eval_graphs, self._eval_out))
+        moved = False   # the buffers hold graphs other than the batch's
+        for k in sorted(due - armed, reverse=True):   # the largest first (one pool)
+            if s.bucket > k:    # the loaded graphs exceed bucket k: those that fit
+                sub = self._fitting(store, ids, k)
+                if sub is None:
+                    continue    # no batch of its graphs: later, if one needs it
+                s.load(store, sub)
+                moved = True
+            if k not in self._ran[kind]:
+                (self._dry_train if kind == "train" else self._dry_eval)(k)
+            if self.capture:
+                if kind == "train":
+                    self.opt.zero_grad(set_to_none=True)   # its own gradients, in the pool
+                    body = (lambda k=k: self._train_body(k))
+                else:
+                    body = (lambda k=k: self._forward(k))
+                graphs[k], outs[k] = self._capture(body)
+                self.captures += 1
+            armed.add(k)
+            self.schedule.append((kind, k))
+        if moved:
+            s.load(store, ids)
+
     # ------------------------------------------------------------------ steps
     def train_step(self, store: Any, ids: np.ndarray) -> Tuple[Tensor, Tensor, int]:
         """One optimiser step on graphs ``ids`` of ``store``: ``(out, loss, n)``
@@ -520,39 +639,19 @@ class GraphedSteps:
         b = self.static.bucket
         self.train_counts[b] += 1
         self.model.train()
+        if self.steps >= WARMUP_STEPS and b not in self._armed["train"]:
+            self._arm("train", store, ids)
+        self.steps += 1
         g = self.train_graphs.get(b)
         if g is not None:
             g.replay()
             out, loss = self._train_out[b]
             return out, loss, n
-        if not self.capture or self.steps < WARMUP_STEPS or b not in self._warm_train:
-            with self._side_stream():
-                self.opt.zero_grad(set_to_none=True)
-                out, loss = self._train_body(b)
-            self._warm_train.add(b)
-            self.steps += 1
-            return out, loss, n
-        # capture this step (recording runs nothing), then run it; the largest
-        # training graph first in the pool (class docstring)
-        if self.train_graphs and b > max(self.train_graphs):
-            self._drop_graphs()
-        self.opt.zero_grad(set_to_none=True)
-        self.train_graphs[b], self._train_out[b] = self._capture(lambda: self._train_body(b))
-        self.captures += 1
-        self.steps += 1
-        out, loss = self._train_out[b]
+        with self._side_stream():
+            self.opt.zero_grad(set_to_none=True)
+            out, loss = self._train_body(b)
+        self._ran["train"].add(b)
         return out, loss, n
-
-    def _capture(self, body):
-        """``body`` recorded as a CUDA graph in the run's shared pool (see the
-        class docstring) and replayed once: ``(graph, outputs)``."""
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool):
-            outputs = body()
-        g.replay()
-        return g, outputs
 
     @torch.no_grad()
     def eval_step(self, store: Any, ids: np.ndarray) -> Tuple[Tensor, Tensor, int]:
@@ -562,22 +661,16 @@ class GraphedSteps:
         b = self.static.bucket
         self.eval_counts[b] += 1
         self.model.eval()
+        if self._armed["train"] and b not in self._armed["eval"]:
+            self._arm("eval", store, ids)
         g = self.eval_graphs.get(b)
         if g is not None:
             g.replay()
             out, loss = self._eval_out[b]
             return out, loss, n
-        if not self.capture or not self.train_graphs or b not in self._warm_eval:
-            # eager until some training graph exists (its capture comes first, so
-            # that parameters and optimiser state have their final addresses),
-            # and once per bucket (its warm-up)
-            with self._side_stream():
-                out, loss = self._forward(b)
-            self._warm_eval.add(b)
-            return out, loss, n
-        self.eval_graphs[b], self._eval_out[b] = self._capture(lambda: self._forward(b))
-        self.captures += 1
-        out, loss = self._eval_out[b]
+        with self._side_stream():   # before the training capture point
+            out, loss = self._forward(b)
+        self._ran["eval"].add(b)
         return out, loss, n
 
     @property
@@ -585,21 +678,26 @@ class GraphedSteps:
         """The buckets with a captured training / evaluation graph."""
         return {"train": sorted(self.train_graphs), "eval": sorted(self.eval_graphs)}
 
-    def _drop_graphs(self) -> None:
-        """Drop the captured graphs, their outputs and their pool (whose
-        memory the next capture's ``empty_cache`` returns)."""
+    def reset(self) -> None:
+        """Drop the captured graphs and their pool (e.g. after the parameters
+        were replaced); the next steps warm up and capture again."""
         self.train_graphs: Dict[int, Any] = {}
         self.eval_graphs: Dict[int, Any] = {}
         self._train_out: Dict[int, Tuple[Tensor, Tensor]] = {}
         self._eval_out: Dict[int, Tuple[Tensor, Tensor]] = {}
         self._pool = None
-
-    def reset(self) -> None:
-        """Drop the captured graphs and their pool (e.g. after the parameters
-        were replaced); the next steps warm up and capture again."""
-        self._drop_graphs()
-        self._warm_train: set = set()
-        self._warm_eval: set = set()
+        #: per mode, the buckets whose shapes have run eagerly (step or dry run)
+        self._ran: Dict[str, set] = {"train": set(), "eval": set()}
+        #: per mode, the buckets past their capture (``capture=False``: past the
+        #: point where a CUDA run would capture them)
+        self._armed: Dict[str, set] = {"train": set(), "eval": set()}
+        #: training steps so far
         self.steps = 0
-        #: graphs captured so far (restarts included)
+        #: graphs captured so far (each bucket and mode at most once)
         self.captures = 0
+        #: dry runs so far (training and evaluation)
+        self.dry_runs = 0
+        #: the schedule so far, in order: ``("dry-train" | "dry-eval", bucket)``
+        #: per dry run, ``("train" | "eval", bucket)`` per capture (``capture=
+        #: False``: where a CUDA run captures)
+        self.schedule: List[Tuple[str, int]] = []

@@ -454,19 +454,21 @@ class _Run:
                  f"{'s' if K > 1 else ''} that holds them: "
                  + ", ".join(f"{n + 1}/{e}" for n, e, _ in static.buckets)
                  + " nodes/edges; the training step and the evaluation forward are "
-                 + (f"captured per bucket after {WARMUP_STEPS} eager steps and one eager "
-                    f"step in the bucket" if capture else "run eagerly (no CUDA device)"))
+                 + (f"captured per bucket after {WARMUP_STEPS} eager steps (all buckets "
+                    f"below the worst case at once; the worst case when a batch needs it)"
+                    if capture else "run eagerly (no CUDA device)"))
         return GraphedSteps(self.model, self.opt, static, loss_fn, autocast, capture)
 
     def _graphed_summary(self) -> Dict[str, Any]:
         """results.json ``training.cuda_graphs``: the worst-case capacity, the
-        graphs captured (restarts included) and, per bucket, its capacity, its
-        batches and whether its graphs are captured at the end."""
+        graphs captured (each at most once), the dry runs before captures and,
+        per bucket, its capacity, its batches and whether its graphs are
+        captured at the end."""
         g = self.graphed
         s = g.static
         cap = g.captured
         return {"captured": g.capture, "num_nodes": s.num_nodes, "num_edges": s.e_cap,
-                "captures": g.captures,
+                "captures": g.captures, "dry_runs": g.dry_runs,
                 "cuda_graph_buckets": [
                     {"num_nodes": n + 1, "num_edges": e, "train_steps": g.train_counts[i],
                      "eval_batches": g.eval_counts[i],

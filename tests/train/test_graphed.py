@@ -325,17 +325,58 @@ class _FakeGraph:
             o.copy_(new)
 
 
+def _state(model, opt):
+    """Copies of everything a step or a dry run could change: the parameters,
+    the optimiser state and every module buffer (BatchNorm statistics)."""
+    opt_state = [(i, k, v.detach().clone() if torch.is_tensor(v) else v)
+                 for i, st in enumerate(opt.state.values()) for k, v in sorted(st.items())]
+    return ([p.detach().clone() for p in model.parameters()], opt_state,
+            [(n, b.detach().clone()) for n, b in model.named_buffers()])
+
+
+def _assert_same_state(a, b):
+    """Bit-identical :func:`_state` results."""
+    assert len(a[0]) == len(b[0]) and all(torch.equal(x, y) for x, y in zip(a[0], b[0]))
+    assert len(a[1]) == len(b[1])
+    for (i, k, x), (j, m, y) in zip(a[1], b[1]):
+        assert (i, k) == (j, m)
+        assert torch.equal(x, y) if torch.is_tensor(x) else x == y, k
+    assert [n for n, _ in a[2]] == [n for n, _ in b[2]]
+    for (n, x), (_, y) in zip(a[2], b[2]):
+        assert torch.equal(x, y), n
+
+
+def _restore(model, opt, state):
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), state[0]):
+            p.copy_(v)
+        sts = list(opt.state.values())
+        for i, k, v in state[1]:
+            if torch.is_tensor(v):
+                sts[i][k].copy_(v)
+            else:
+                sts[i][k] = v
+        bufs = dict(model.named_buffers())
+        for n, v in state[2]:
+            bufs[n].copy_(v)
+
+
 def _fake_capture(monkeypatch):
     """GraphedSteps with ``capture=True`` on CPU: its schedule (which step runs
-    eagerly, which captures, which replays) with :class:`_FakeGraph` objects; a
-    replay rewrites the gradients the capture allocated (``zero_grad``)."""
+    eagerly, which captures, which replays) with :class:`_FakeGraph` objects.
+    A capture records and runs nothing: the fake runs the body for its outputs
+    and puts back parameters, optimiser state and buffers; a replay rewrites
+    the gradients the capture allocated (``zero_grad``)."""
     from pyg_dfgnn.train.graphed import GraphedSteps
 
     def capture(self, body):
         def run():
             self.opt.zero_grad(set_to_none=True)
             return body()
-        g = _FakeGraph(run, run())     # capture + the one replay of _capture
+        before = _state(self.model, self.opt)
+        outs = tuple(o.clone() for o in run())
+        _restore(self.model, self.opt, before)
+        g = _FakeGraph(run, outs)
         return g, g.outs
 
     monkeypatch.setattr(GraphedSteps, "_capture", capture)
@@ -343,28 +384,36 @@ def _fake_capture(monkeypatch):
                         lambda self: __import__("contextlib").nullcontext())
 
 
+def _three_buckets(store, views):
+    """Batches S, M, L of the 8-graph store and the ladder: S exactly (one
+    padding node, no padding edge), one holding S and M but not L, the worst
+    case."""
+    from pyg_dfgnn.train.graphed import StaticBatches
+    S, M, L = np.array([7, 2]), np.array([4, 5, 6]), np.array([0, 1, 2, 3])
+    probe = StaticBatches([store], 4, torch.device("cpu"), views)
+    tS, tM, tL = (probe.totals(store, i) for i in (S, M, L))
+    mid = tuple(max(a, b) + 3 for a, b in zip(tS, tM))             # holds S and M
+    assert not all(x <= y for x, y in zip(tL, mid))                # L does not fit
+    return (S, M, L), [tS, mid]
+
+
 @pytest.mark.parametrize("model,mode", [("gat", "fake"), ("gt", "fake"), ("agnn", True)])
 def test_bucketed_steps_equal_the_eager_steps_in_float64(model, mode, monkeypatch):
     """Batches in three buckets -- one of exactly a batch's totals (a single
     padding node, no padding edge), one larger, the worst case -- give the
     unpadded eager steps in float64, eagerly and with the capture schedule of
-    a CUDA run (``fake``: warm-up, an eager first step per bucket, capture,
-    replays; every batch exactly one optimiser step)."""
+    a CUDA run (``fake``: warm-up, dry runs, captures, replays; every batch
+    exactly one optimiser step).  The dry runs are in both (``capture=False``
+    runs the same schedule), so they change nothing the steps compute."""
     import torch.nn.functional as F
     from pyg_dfgnn.train import graphed
     monkeypatch.setattr(F, "dropout", lambda x, p=0.5, training=True, inplace=False: x)
     if mode == "fake":
         _fake_capture(monkeypatch)
-        monkeypatch.setattr(graphed, "WARMUP_STEPS", 1)
+    monkeypatch.setattr(graphed, "WARMUP_STEPS", 1)
     views = (model != "gt",)
     store = _store(_graphs(8, 5, loops=True), views)
-    S, M, L = np.array([7, 2]), np.array([4, 5, 6]), np.array([0, 1, 2, 3])
-    probe = graphed.StaticBatches([store], 4, torch.device("cpu"), views)
-    tS, tM, tL = (probe.totals(store, i) for i in (S, M, L))
-    small = tS                                                     # exact fit of S
-    mid = tuple(max(a, b) + 3 for a, b in zip(tS, tM))             # holds S and M
-    assert not all(x <= y for x, y in zip(tL, mid))                # L does not fit
-    buckets = [small, mid]
+    (S, M, L), buckets = _three_buckets(store, views)
     train = [S, L, S, S, L, M, L, S, M, M]
     evals = [S, S, S, L, L, L, M]
     info = {}
@@ -379,18 +428,136 @@ def test_bucketed_steps_equal_the_eager_steps_in_float64(model, mode, monkeypatc
     assert steps.train_counts == [4, 3, 3] and steps.eval_counts == [3, 1, 3]
     for st in opt.state.values():                      # one optimiser step per batch
         assert int(st["step"]) == len(train)
+    # train S L S S L M L S M M (1 warm-up step): S eager; at L the capture point:
+    # the worst case (L needs it), then M's and S's buckets, descending, each
+    # after a dry run unless its shapes ran (S's did, in the warm-up); all the
+    # rest are replays.  Eval S S S L L L M: at the first one the buckets below
+    # the worst case, descending, each after an eval dry run; the worst case at
+    # the first L.  No graph twice (no restarts).
+    assert steps.schedule == [("dry-train", 2), ("train", 2), ("dry-train", 1), ("train", 1),
+                              ("train", 0), ("dry-eval", 1), ("eval", 1), ("dry-eval", 0),
+                              ("eval", 0), ("dry-eval", 2), ("eval", 2)]
+    assert steps.dry_runs == 5
     if mode == "fake":
-        # train S L S S L M L S M M: S eager (warm-up), L eager (first use), S
-        # captured, replayed; L captured -- larger than S, so S's graph is dropped
-        # first (the largest graph first in the pool); M eager (first use); L
-        # replayed; S captured again (no drop: smaller); M captured, replayed.
-        # Eval S S S L L L M: eager at a bucket's first use, then capture, replay.
-        assert steps.captured == {"train": [0, 1, 2], "eval": [0, 2]}
-        assert [steps.train_graphs[b].replays for b in range(3)] == [0, 1, 1]
-        assert steps.eval_graphs[0].replays == 1 and steps.eval_graphs[2].replays == 1
-        assert steps.captures == 4 + 2
+        assert steps.captured == {"train": [0, 1, 2], "eval": [0, 1, 2]}
+        assert [steps.train_graphs[b].replays for b in range(3)] == [3, 3, 3]
+        assert [steps.eval_graphs[b].replays for b in range(3)] == [3, 1, 3]
+        assert steps.captures == 6
     else:
-        assert steps.captured == {"train": [], "eval": []}
+        assert steps.captured == {"train": [], "eval": []} and steps.captures == 0
+
+
+@pytest.mark.parametrize("mode", ["fake", True])
+def test_capture_point_takes_every_bucket_but_the_worst_case(mode, monkeypatch):
+    """The capture schedule (GT: BatchNorm, with dropout): after the warm-up the
+    buckets below the worst case are captured at once, in descending order,
+    the worst case only when a batch needs it; no eager step after the
+    warm-up (one optimiser step per batch); the dry runs before the captures,
+    and the whole capture point, leave parameters, optimiser state and all
+    module buffers bit-identical (a training-mode forward without the saved
+    buffers would move BatchNorm's statistics: checked too).  ``True``: the
+    same schedule without capture, as on CPU."""
+    from pyg_dfgnn.train import graphed
+    from pyg_dfgnn.train.graphed import GraphedSteps
+    if mode == "fake":
+        _fake_capture(monkeypatch)
+    monkeypatch.setattr(graphed, "WARMUP_STEPS", 2)
+    views = (False,)
+    store = _store(_graphs(8, 5, loops=True), views)
+    (S, M, L), buckets = _three_buckets(store, views)
+    checks = {"dry": 0, "arm": 0, "eager": 0}
+
+    def unchanged(name, fn):
+        def wrapped(self, *a, **k):
+            before = _state(self.model, self.opt)
+            r = fn(self, *a, **k)
+            _assert_same_state(before, _state(self.model, self.opt))
+            checks[name] += 1
+            return r
+        return wrapped
+
+    for name, fn in (("dry", GraphedSteps._dry_train), ("dry", GraphedSteps._dry_eval),
+                     ("arm", GraphedSteps._arm)):
+        monkeypatch.setattr(GraphedSteps, fn.__name__, unchanged(name, fn))
+    body = GraphedSteps._train_body
+
+    def counted(self, bucket):
+        checks["eager"] += 1
+        return body(self, bucket)
+    monkeypatch.setattr(GraphedSteps, "_train_body", counted)
+    # without the saved buffers a dry run moves BatchNorm's statistics
+    monkeypatch.setattr(GraphedSteps, "_keep_buffers",
+                        lambda self: __import__("contextlib").nullcontext())
+    with pytest.raises(AssertionError, match="running_mean|running_var|num_batches"):
+        _adam_graphed("gt", views, [M, M, S], store, torch.float32, mode, buckets=buckets)
+    monkeypatch.undo()
+    if mode == "fake":
+        _fake_capture(monkeypatch)
+    monkeypatch.setattr(graphed, "WARMUP_STEPS", 2)
+    for name, fn in (("dry", GraphedSteps._dry_train), ("dry", GraphedSteps._dry_eval),
+                     ("arm", GraphedSteps._arm)):
+        monkeypatch.setattr(GraphedSteps, fn.__name__, unchanged(name, fn))
+    monkeypatch.setattr(GraphedSteps, "_train_body", counted)
+    checks.update(dry=0, arm=0, eager=0)
+    info = {}
+    train = [M, M, S, M, S, M]                 # the worst case never needed
+    evals = [M, S, M]
+    _adam_graphed("gt", views, train, store, torch.float32, mode, buckets=buckets,
+                  eval_ids=evals, info=info)
+    steps, opt = info["steps"], info["opt"]
+    # warm-up M M; at S the capture point: M's bucket (its shapes ran: no dry
+    # run), S's (dry run on S, loaded back after)
+    assert steps.schedule == [("train", 1), ("dry-train", 0), ("train", 0),
+                              ("dry-eval", 1), ("eval", 1), ("dry-eval", 0), ("eval", 0)]
+    assert checks["dry"] == steps.dry_runs == 3 and checks["arm"] == 2
+    # eager: the 2 warm-up steps only (capture=False: every step), the fake's
+    # captures run their bodies too (and put the state back)
+    n_eager = len(train) if mode is True else 2 + 2 + sum(
+        g.replays for g in steps.train_graphs.values())
+    assert checks["eager"] == n_eager
+    for st in opt.state.values():
+        assert int(st["step"]) == len(train)
+    if mode == "fake":
+        assert steps.captured == {"train": [0, 1], "eval": [0, 1]} and steps.captures == 4
+        assert [steps.train_graphs[b].replays for b in (0, 1)] == [2, 2]
+    # the worst case comes when a batch needs it: dry run, capture, replay
+    steps.train_step(store, L)
+    steps.eval_step(store, L)
+    assert steps.schedule[-4:] == [("dry-train", 2), ("train", 2), ("dry-eval", 2),
+                                   ("eval", 2)]
+    assert checks["arm"] == 4 and checks["dry"] == 5
+    for st in opt.state.values():
+        assert int(st["step"]) == len(train) + 1
+    if mode == "fake":
+        assert steps.captured == {"train": [0, 1, 2], "eval": [0, 1, 2]}
+        assert steps.captures == 6 and steps.train_graphs[2].replays == 1
+
+
+def test_a_bucket_no_graph_of_the_batch_fits_waits_for_a_batch(monkeypatch):
+    """At the capture point a bucket below the loaded batch's is dry-run and
+    captured on the batch's graphs that fit it; where not one does, it is
+    left for later like the worst case, and captured when a batch needs it."""
+    from pyg_dfgnn.train import graphed
+    _fake_capture(monkeypatch)
+    monkeypatch.setattr(graphed, "WARMUP_STEPS", 1)
+    views = (True,)
+    store = _store(_graphs(8, 5, loops=True), views)
+    (S, M, L), (tS, mid) = _three_buckets(store, views)
+    small = np.argmin(store.n)                     # the smallest graph
+    one = graphed.StaticBatches([store], 4, torch.device("cpu"), views).totals(
+        store, [small])
+    assert small not in M and all(store.n[i] > one[0] for i in M)   # none of M fits
+    info = {}
+    _adam_graphed("gat", views, [M, M, np.array([small])], store, torch.float32, "fake",
+                  buckets=[one, mid], eval_ids=[M], info=info)
+    steps = info["steps"]
+    # warm-up M; capture point at M: M's bucket, bucket 0 skipped; the batch of
+    # the smallest graph alone captures it (dry run first: its shapes never ran)
+    assert steps.schedule == [("train", 1), ("dry-train", 0), ("train", 0),
+                              ("dry-eval", 1), ("eval", 1)]
+    assert steps.captured == {"train": [0, 1], "eval": [1]} and steps.captures == 3
+    for st in info["opt"].state.values():
+        assert int(st["step"]) == 3
 
 
 # ---------------------------------------------------------------- trainer
@@ -423,7 +590,8 @@ def test_trainer_runs_the_padded_steps(tmp_path, tiny_args, model, monkeypatch, 
         assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-2)
     cg = ours["training"]["cuda_graphs"]
     buckets = cg["cuda_graph_buckets"]
-    assert 1 <= len(buckets) <= 4 and cg["captured"] is False
+    assert 1 <= len(buckets) <= 4 and cg["captured"] is False and cg["captures"] == 0
+    assert isinstance(cg["dry_runs"], int)    # the CPU path runs the schedule's dry runs too
     assert (buckets[-1]["num_nodes"], buckets[-1]["num_edges"]) == (cg["num_nodes"],
                                                                     cg["num_edges"])
     assert sum(b["train_steps"] for b in buckets) == sum(h["steps"] for h in ours["history"])
@@ -460,7 +628,12 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
     """Captured and replayed steps compute what the same padded steps compute
     eagerly on the GPU (the same kernels on the same buffers), in three size
     buckets of one run (their graphs share one memory pool), and nothing syncs
-    inside a step (a sync would fail the capture)."""
+    inside a step (a sync would fail the capture).  The capture schedule: the
+    two buckets below the worst case at the capture point (the middle one
+    after a dry run), the worst case later when a batch needs it (a dry run,
+    then a capture into the same pool); no graph captured twice; the capture
+    points (dry runs, captures, loads) leave parameters, optimiser state and
+    buffers bit-identical."""
     from pyg_dfgnn.train.config import load_config
     from pyg_dfgnn.train.graphed import WARMUP_STEPS, GraphedSteps, StaticBatches
     from pyg_dfgnn.train.metrics import masked_cross_entropy
@@ -480,8 +653,8 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
     buckets = [tS, mid]                        # S exactly; then a middle one; worst case
     rng = np.random.default_rng(0)
     rand = [rng.permutation(12)[:int(rng.integers(2, 5))] for _ in range(6)]
-    # warm-up in S, then L's first use (eager), its capture and replays, random ones
-    batches = [S] * WARMUP_STEPS + [L, S, L, S, L] + rand + [L, S]
+    # warm-up in S, the capture point at S (buckets 0 and 1), L's lazy capture
+    batches = [S] * WARMUP_STEPS + [S, L, S, L, S, L] + rand + [L, S]
     evals = [S, S, S, L, L, L] + rand[:3]
 
     def run(capture):
@@ -494,6 +667,14 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
         steps = GraphedSteps(net, opt, static,
                              lambda o, y, m: masked_cross_entropy(o, y, m, 2, True),
                              lambda: __import__("contextlib").nullcontext(), capture)
+        arm = steps._arm
+
+        def checked_arm(*a):
+            before = _state(net, opt)
+            arm(*a)
+            torch.cuda.synchronize()
+            _assert_same_state(before, _state(net, opt))
+        steps._arm = checked_arm
         losses, outs = [], []
         for ids in batches:
             out, loss, n = steps.train_step(store, ids)
@@ -501,11 +682,15 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
             outs.append(out[:n].float().cpu())     # read before the next step
         evals_ = [float(steps.eval_step(store, ids)[1]) for ids in evals]
         cap = steps.captured
+        assert steps.schedule[:3] == [("dry-train", 1), ("train", 1), ("train", 0)]
+        assert steps.schedule[3:5] == [("dry-train", 2), ("train", 2)]
+        assert ("eval", 2) in steps.schedule and len(set(steps.schedule)) == len(
+            steps.schedule)                        # nothing twice
         if capture:
-            assert {0, len(static.buckets) - 1} <= set(cap["train"])
-            assert {0, len(static.buckets) - 1} <= set(cap["eval"])
+            assert cap == {"train": [0, 1, 2], "eval": [0, 1, 2]}
+            assert steps.captures == 6
         else:
-            assert cap == {"train": [], "eval": []}
+            assert cap == {"train": [], "eval": []} and steps.captures == 0
         for st in opt.state.values():              # one optimiser step per batch
             assert int(st["step"]) == len(batches)
         return losses, outs, evals_, {k: v.detach().clone() for k, v in net.state_dict().items()}
