@@ -15,24 +15,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_shapes as bs  # noqa: E402
+from profile_layer import layer_args, layer_case  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layer", default="transformer")
-    ap.add_argument("--shape", default="8x10")
-    ap.add_argument("--graph", default="uniform_100k")
-    ap.add_argument("--dtype", default="fp32")
+    layer_args(ap, "transformer", "8x10")
     ap.add_argument("--calls", type=int, default=3)
     a = ap.parse_args(argv)
-    dev = torch.device("cuda")
-    spec = next(g for g in bs.GRAPHS if g["name"] == a.graph)
-    g = bs.load_graph(spec)
-    ei = g.edge_index.to(dev)
-    heads, feat = (int(v) for v in a.shape.split("x"))
-    _, ours, x = bs.build(a.layer, heads, feat, bs.DTYPES[a.dtype], dev, g.num_nodes)
-    xs = x.detach().requires_grad_(True)
+    ours, _, xs, ei = layer_case(a)
     for _ in range(a.calls):
         out = ours(xs, ei)
         out.backward(torch.ones_like(out))

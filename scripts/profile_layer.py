@@ -40,22 +40,32 @@ def wall_and_kernels(fn, reps, warmup=3):
     return wall, sum(e.device_time_total for e in evs) / reps / 1e3, evs
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--layer", default="gat")
-    ap.add_argument("--shape", default="4x64")
+def layer_args(ap: argparse.ArgumentParser, layer: str = "gat", shape: str = "4x64"):
+    """The layer / shape / graph / dtype options shared with ncu_layer.py."""
+    ap.add_argument("--layer", default=layer)
+    ap.add_argument("--shape", default=shape)
     ap.add_argument("--graph", default="uniform_100k")
     ap.add_argument("--dtype", default="fp32")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--rows", type=int, default=12)
-    a = ap.parse_args(argv)
+
+
+def layer_case(a):
+    """``(fused layer, x, x requiring grad, edge_index)`` on the GPU for ``a``."""
     dev = torch.device("cuda")
     spec = next(g for g in bs.GRAPHS if g["name"] == a.graph)
     g = bs.load_graph(spec)
     ei = g.edge_index.to(dev)
     heads, feat = (int(v) for v in a.shape.split("x"))
     _, ours, x = bs.build(a.layer, heads, feat, bs.DTYPES[a.dtype], dev, g.num_nodes)
-    xs = x.detach().requires_grad_(True)
+    return ours, x, x.detach().requires_grad_(True), ei
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    layer_args(ap)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=12)
+    a = ap.parse_args(argv)
+    ours, x, xs, ei = layer_case(a)
 
     def fwd():
         with torch.no_grad():
