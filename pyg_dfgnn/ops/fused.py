@@ -52,6 +52,16 @@ def _seed_int(seed: Optional[Tensor]) -> int:
     return int(seed.reshape(-1)[0]) if n else 0
 
 
+def _seed_as_int(impl):
+    """The registered kernel of an op (``attention_fwd`` / ``attention_bwd``)
+    for the device implementation ``impl``, which takes the op's seed tensor
+    (argument 15 of both) as a Python int."""
+    def kernel(*args):
+        return impl(*args[:15], _seed_int(args[15]), *args[16:])
+    kernel.__doc__ = impl.__doc__
+    return kernel
+
+
 @torch.library.custom_op("dfgnn::attention_fwd", mutates_args=())
 def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor],
                   t_rowptr: Tensor, t_col: Tensor, t_perm: Tensor, dst_feat: Tensor,
@@ -86,13 +96,7 @@ def _cuda_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_fe
                                       sched, work, merge, t_work, t_merge))
 
 
-@attention_fwd.register_kernel("cuda")
-def _attention_fwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
-                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                        need_alpha, sched, work, merge, t_work, t_merge):
-    return _cuda_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
-                     value, edge, att, scale, negative_slope, dropout_p, _seed_int(seed),
-                     need_alpha, sched, work, merge, t_work, t_merge)
+_attention_fwd_cuda = attention_fwd.register_kernel("cuda")(_seed_as_int(_cuda_fwd))
 
 
 def _cpu_ops(kind, src_feat, value):
@@ -135,13 +139,7 @@ def _cpu_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_fea
                                    sched, work, merge, t_work, t_merge))
 
 
-@attention_fwd.register_kernel("cpu")
-def _attention_fwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
-                       src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                       need_alpha, sched, work, merge, t_work, t_merge):
-    return _cpu_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
-                    value, edge, att, scale, negative_slope, dropout_p, _seed_int(seed),
-                    need_alpha, sched, work, merge, t_work, t_merge)
+_attention_fwd_cpu = attention_fwd.register_kernel("cpu")(_seed_as_int(_cpu_fwd))
 
 
 def _out_dtype(kind, src_feat, value):
@@ -201,13 +199,7 @@ def _cuda_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_fe
                                      t_merge))
 
 
-@attention_bwd.register_kernel("cuda")
-def _attention_bwd_cuda(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
-                        src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                        out, lse, grad_out, sched, work, merge, t_work, t_merge):
-    return _cuda_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
-                     value, edge, att, scale, negative_slope, dropout_p, _seed_int(seed), out,
-                     lse, grad_out, sched, work, merge, t_work, t_merge)
+_attention_bwd_cuda = attention_bwd.register_kernel("cuda")(_seed_as_int(_cuda_bwd))
 
 
 def _cpu_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value,
@@ -227,13 +219,7 @@ def _cpu_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_fea
                                   grad_out, sched, work, merge, t_work, t_merge))
 
 
-@attention_bwd.register_kernel("cpu")
-def _attention_bwd_cpu(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat,
-                       src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
-                       out, lse, grad_out, sched, work, merge, t_work, t_merge):
-    return _cpu_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
-                    value, edge, att, scale, negative_slope, dropout_p, _seed_int(seed), out,
-                    lse, grad_out, sched, work, merge, t_work, t_merge)
+_attention_bwd_cpu = attention_bwd.register_kernel("cpu")(_seed_as_int(_cpu_bwd))
 
 
 def _bwd_outputs_like(src_feat, *inputs):
@@ -262,13 +248,13 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, alpha)
 
 
-def _backward_with(bwd, ctx, grad_out):
+def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
     (rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value, edge, att, seed,
      out, lse, work, merge, t_work, t_merge) = ctx.saved_tensors
     need = ctx.needs_input_grad
     if not any(need):
         return (None,) * 22
-    grads = bwd(ctx.kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
+    grads = attention_bwd(ctx.kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
                 value, edge, att, ctx.scale, ctx.slope, ctx.p, seed, out, lse, grad_out,
                 ctx.sched, work, merge, t_work, t_merge)
     return (None,) * 7 + _input_grads(grads, value, edge, att) + (None,) * 10
@@ -282,10 +268,6 @@ def _input_grads(grads, value, edge, att) -> tuple:
     def opt(t, x):
         return t if (x is not None and t.numel() == x.numel()) else None
     return (d_dst, d_src, opt(d_value, value), opt(d_edge, edge), opt(d_att, att))
-
-
-def _backward(ctx, grad_out, _grad_lse, _grad_alpha):
-    return _backward_with(attention_bwd, ctx, grad_out)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
