@@ -338,6 +338,8 @@ def _tensors_of(adj: Any):
         # fixed positions: ``row``/``rowptr`` are filled lazily (``None`` first)
         return [st._row, st._rowptr, st._col]
     if isinstance(adj, Tensor):
+        if adj.layout == torch.strided:   # edge_index (the common case)
+            return [adj]
         if adj.layout == torch.sparse_csr:
             return [adj.crow_indices(), adj.col_indices()]
         if adj.layout == torch.sparse_csc:
@@ -472,10 +474,6 @@ class _GraphCache:
         self.stale = 0
 
     def get(self, adj: Any, key: Any, build, trusted: bool = False) -> CSRGraph:
-        if type(adj) is Tensor and adj.layout == torch.strided:
-            graph = self._hit_dense(adj, key, trusted)
-            if graph is not None:
-                return graph
         oid = id(adj)
         tensors = _tensors_of(adj)
         vers = _versions(tensors)
@@ -502,30 +500,6 @@ class _GraphCache:
         self.misses += 1
         self.put(adj, key, _Entry(vers, content, graph))
         return graph
-
-    def _hit_dense(self, adj: Tensor, key: Any, trusted: bool) -> Optional[CSRGraph]:
-        """:meth:`get`'s cache hit for a plain ``edge_index`` tensor, with the same
-        checks in fewer Python operations (same object, same version counter,
-        the content fingerprint where :func:`_skip_content` asks for it);
-        ``None`` on anything else (``get`` then runs its general path, which
-        counts the stale hit or miss and rebuilds)."""
-        entries = self._d.get(id(adj))   # (a dict read is atomic; put/pop lock)
-        if entries is None or entries[0]() is not adj:
-            return None
-        hit = entries[1].get(key)
-        if hit is None:
-            return None
-        try:
-            ver = adj._version
-        except Exception:   # inference tensor: no version counter
-            return None
-        if hit.versions != (ver,):
-            return None
-        if not _skip_content((adj,), hit.versions, trusted):
-            if not _same_content(hit.content, (adj,)):
-                return None
-        self.hits += 1
-        return hit.graph
 
     def put(self, adj: Any, key: Any, entry: "_Entry") -> bool:
         """Store ``entry`` for ``(adj, key)``; False if ``adj`` cannot be weakly

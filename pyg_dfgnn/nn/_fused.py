@@ -18,7 +18,6 @@ only holds the few lines that differ from PyG's ``forward``:
 from __future__ import annotations
 
 import functools
-import operator
 import warnings
 from typing import Any, NamedTuple, Optional, Tuple
 
@@ -51,31 +50,6 @@ _HOOK_DICTS = (
 #: methods whose override by a user subclass the fused path would silently skip
 _PYG_METHODS = ("message", "aggregate", "message_and_aggregate", "update",
                 "edge_update", "explain_message")
-
-#: the ten hook dicts / six methods of an instance / class, in one C call each
-_hook_dicts_of = operator.attrgetter(*_HOOK_DICTS)
-_methods_of = operator.attrgetter(*_PYG_METHODS)
-
-
-def _has_hooks(module: Any) -> bool:
-    """Whether any of the message-passing hook dicts is non-empty."""
-    if not torch.compiler.is_compiling():
-        return any(_hook_dicts_of(module))   # one C call (dynamo cannot trace it)
-    for name in _HOOK_DICTS:
-        if len(getattr(module, name)) > 0:
-            return True
-    return False
-
-
-def _overridden(cls: type, pyg_cls: type) -> Optional[str]:
-    """The first of :data:`_PYG_METHODS` that ``cls`` overrides, or ``None``."""
-    if not torch.compiler.is_compiling() and _methods_of(cls) == _methods_of(pyg_cls):
-        return None   # one C call each (functions compare by identity)
-    for name in _PYG_METHODS:
-        if getattr(cls, name) is not getattr(pyg_cls, name):
-            return name
-    return None
-
 
 _WARNED: set = set()
 
@@ -122,15 +96,17 @@ class FusedAttentionMixin:
             return "explain mode"
         if self.decomposed_layers > 1:
             return "decomposed_layers > 1"
-        if _has_hooks(self):
-            return "registered message-passing hooks"
+        for name in _HOOK_DICTS:
+            if len(getattr(self, name)) > 0:
+                return "registered message-passing hooks"
         if self.flow != "source_to_target":
             return f"flow='{self.flow}'"
         if self.aggr not in ("add", "sum"):
             return f"aggr={self.aggr!r}"
-        name = _overridden(type(self), self._pyg_cls)
-        if name is not None:
-            return f"an overridden '{name}'"
+        cls = type(self)
+        for name in _PYG_METHODS:
+            if getattr(cls, name) is not getattr(self._pyg_cls, name):
+                return f"an overridden '{name}'"
         if self.training and getattr(self, "dropout", 0.0) >= 1.0:
             return "dropout >= 1"
         for t in tensors:
@@ -276,9 +252,6 @@ def _looped_index(edge_index: Tensor, num_nodes: int) -> Tensor:
 def resolve_sizes(edge_index: Any, size: Any, num_src: Optional[int],
                   num_dst: Optional[int]) -> Tuple[int, int]:
     """``(num_src, num_dst)`` exactly as PyG's ``propagate`` infers them."""
-    if size is None and num_src is not None and num_dst is not None \
-            and type(edge_index) is Tensor and edge_index.layout == torch.strided:
-        return int(num_src), int(num_dst)   # (what _pick_sizes gives a plain tensor)
     s = _pick_sizes(edge_index, size, num_src, num_dst)
     return int(s[0]), int(s[1])
 

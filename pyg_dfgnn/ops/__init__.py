@@ -47,51 +47,12 @@ def _check_graph(graph: Any) -> None:
             f"build one with pyg_dfgnn.graph.get_graph(edge_index, (num_src, num_dst))")
 
 
-def _check_fast(graph: Any, specs, optional: Tuple[str, ...]) -> Optional[Dict[str, int]]:
-    """:func:`_check_inputs` for valid arguments on a :class:`CSRGraph`, in fewer
-    Python operations: the bound sizes, or ``None`` when anything is off (or
-    the graph is not a CSRGraph), and then :func:`_check_inputs` runs its full
-    checks and raises the message naming the argument."""
-    if type(graph) is not CSRGraph:
-        return None
-    dev = graph.rowptr.device
-    sizes: Dict[str, int] = {"src": graph.num_src, "dst": graph.num_dst,
-                             "E": graph.col.numel()}
-    dtype = None
-    for name, t, dims in specs:
-        if t is None and name in optional:
-            continue
-        if not isinstance(t, Tensor):
-            return None
-        shape = t.shape
-        if len(shape) != len(dims):
-            return None
-        if dtype is None:
-            dtype = t.dtype
-            if dtype not in SUPPORTED_DTYPES:
-                return None
-        elif t.dtype != dtype:
-            return None
-        if t.device != dev:
-            return None
-        for sym, n in zip(dims, shape):
-            want = sizes.get(sym)
-            if want is None:
-                sizes[sym] = n
-            elif want != n:
-                return None
-    return {k: n for k, n in sizes.items() if k not in _ROWS}
-
-
 def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = ()) -> Dict[str, int]:
     """Validate ``(name, tensor or None, dims)`` arguments against the graph and
     each other; every message names the user's argument and what was expected.
     ``dims`` lists one symbol per dimension (see ``_ROWS`` / ``_DIMS``); the
     arguments named in ``optional`` may be ``None``.
     Returns the sizes bound to the non-row symbols."""
-    sizes = _check_fast(graph, specs, optional)
-    if sizes is not None:
-        return sizes
     _check_graph(graph)
     bound: Dict[str, Tuple[int, str]] = {}
     first: Optional[Tuple[str, Tensor]] = None
