@@ -32,21 +32,24 @@ def test_narrow_groups(kind, group, feat):
     check(kind, ei, 150, 150, 3, feat, torch.float32, edge=True, group=group, split=16)
 
 
-def test_padded_width_mirrors_kernel():
-    assert schedule.padded_width(10, torch.float32) == 12
-    assert schedule.padded_width(19, torch.float32) == 20
-    assert schedule.padded_width(64, torch.float32) == 64
-    assert schedule.padded_width(10, torch.bfloat16) == 12
-    assert schedule.padded_width(19, torch.bfloat16) == 20
-    assert schedule.padded_width(16, torch.bfloat16) == 16
+@pytest.mark.parametrize("fn,width,dtype,expected", [
+    ("padded_width", 10, torch.float32, 12),
+    ("padded_width", 19, torch.float32, 20),
+    ("padded_width", 64, torch.float32, 64),
+    ("padded_width", 10, torch.bfloat16, 12),
+    ("padded_width", 19, torch.bfloat16, 20),
+    ("padded_width", 16, torch.bfloat16, 16),
     # the op copies only widths that are not a multiple of the 8-byte vector
-    assert schedule.op_width(10, torch.float32) == 10
-    assert schedule.op_width(6, torch.float32) == 6
-    assert schedule.op_width(19, torch.float32) == 20
-    assert schedule.op_width(64, torch.float32) == 64
-    assert schedule.op_width(10, torch.bfloat16) == 12
-    assert schedule.op_width(12, torch.bfloat16) == 12
-    assert schedule.op_width(19, torch.float16) == 20
+    ("op_width", 10, torch.float32, 10),
+    ("op_width", 6, torch.float32, 6),
+    ("op_width", 19, torch.float32, 20),
+    ("op_width", 64, torch.float32, 64),
+    ("op_width", 10, torch.bfloat16, 12),
+    ("op_width", 12, torch.bfloat16, 12),
+    ("op_width", 19, torch.float16, 20),
+])
+def test_padded_width_mirrors_kernel(fn, width, dtype, expected):
+    assert getattr(schedule, fn)(width, dtype) == expected
 
 
 def test_dot_value_width_differs_from_key_width():
