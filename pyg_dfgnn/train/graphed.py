@@ -504,6 +504,7 @@ class GraphedSteps:
         #: batches per bucket so far (training steps, evaluation batches)
         self.train_counts = [0] * K
         self.eval_counts = [0] * K
+        self._stream = None   # the side stream of the eager work (_side_stream)
         self.reset()
 
     # ------------------------------------------------------------------ bodies
@@ -521,12 +522,23 @@ class GraphedSteps:
         self.opt.step()
         return out.detach(), loss.detach()
 
+    def _side(self):
+        """The run's one side stream, for the eager work and the captures."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
     @contextlib.contextmanager
     def _side_stream(self):
+        """Eager work (warm-up steps, dry runs) on the run's one side stream,
+        which the captures use too.  One stream for the whole run, not one per
+        use: cuBLAS gets a workspace for every stream it runs on (33-65 MiB on
+        an H100), allocated from PyTorch's caching allocator and kept for the
+        life of the process (docs/BENCHMARKS.md, session 8)."""
         if not self.capture:
             yield
             return
-        s = torch.cuda.Stream()
+        s = self._side()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             yield
@@ -576,7 +588,7 @@ class GraphedSteps:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool):
+        with torch.cuda.graph(g, pool=self._pool, stream=self._side()):
             outputs = body()
         return g, outputs
 
