@@ -48,7 +48,7 @@ for d in sorted(p for p in pathlib.Path(sys.argv[1]).iterdir() if p.is_dir()):
     r = json.loads(f.read_text()); h = r["history"]; m = r["metrics"]
     ts = sorted(x["epoch_time_s"] for x in h[1:] or h)
     print(f"{d.name}: {len(h)} epochs, median epoch {ts[len(ts)//2]:.2f}s, best epoch "
-          f"{r.get('best', {}).get('epoch')}, metrics {json.dumps(m)}, stop: {r.get('stop_reason')}")
+          f"{m.get('best_epoch')}, metrics {json.dumps(m)}, stop: {r.get('stop_reason')}")
 PY
 tar czf "$OUT/runs.tar.gz" -C "$R" $(cd "$R" && ls -d */results.json */train.log *.out 2>/dev/null) 2>/dev/null
 [ "$PART" = gt ] && cp "$R/pattern_gt_fused/checkpoint_last.pt" "$OUT/" 2>/dev/null
