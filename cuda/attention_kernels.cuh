@@ -22,10 +22,12 @@
 // that alpha = exp((s - m) - log l): the error of the exponent does not grow
 // with |m| (a single fp32 m + log l loses log l's digits for large logits).
 //
-// Backward (FlashAttention-2 style) recomputes alpha from these statistics:
-// a row pass writes dS (and the post-dropout alpha) per edge as
-// fp32 [E, H] and accumulates destination-side gradients; a column pass over
-// the transposed CSR accumulates source-side gradients without atomics.
+// Backward (FlashAttention-2 style) recomputes alpha from these statistics in
+// both of its passes: a row pass accumulates destination-side gradients and
+// saves the Delta_i it used ([N, H]); a column pass over the transposed CSR
+// recomputes each edge's alpha and dS from (m_i, log l_i, Delta_i) and
+// accumulates source-side gradients without atomics.  Nothing per edge is
+// stored between the passes.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -164,7 +166,8 @@ struct Params {
   float *part_acc, *part_m, *part_l;  // split-row partials [S, H, F] / [S, H]
   // backward
   const T* dout; const T* o; const float* lse_in; const float* lse_l_in;
-  float* ds; float* pd;                // per edge [E, H] (CSR order)
+  float* ds; float* pd;                // per edge [E, H] (CSR order), stored mode
+  float* delta;                        // Delta_i the row pass used [N, H], recompute mode
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
   float *part1, *part2;                // partial sums of split items
 };
@@ -323,8 +326,16 @@ __device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
 #define DFGNN_BATCH 2
 #endif
 template <int KIND> constexpr int kBatch = DFGNN_BATCH;
-// The column pass gathers two rows per edge except for GAT (dO only).
-template <int KIND> constexpr int kColBatch = KIND == GAT ? 8 : 4;
+// Edges per batch of the column pass, which gathers two rows per edge (dO_i
+// and q_i / x_dst_i) except for GAT (dO_i only).  Recomputing alpha and dS
+// holds more per edge: 4 edges spilled 232-340 B for dot (ptxas); GATv2's z
+// tiles spilled 224-276 B at 4 edges in either mode.
+#ifndef DFGNN_COL_BATCH
+#define DFGNN_COL_BATCH 0
+#endif
+template <int KIND, bool RECOMPUTE> constexpr int kColBatch =
+    DFGNN_COL_BATCH ? DFGNN_COL_BATCH
+                    : (KIND == GAT ? (RECOMPUTE ? 4 : 8) : (KIND == DOT && !RECOMPUTE ? 4 : 2));
 
 // The edge term's tile of original edge eo (zeros without edge features or
 // past the batch's end).
@@ -673,8 +684,9 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
 }
 
 // ============================================================== backward
-// Row pass: per (item, head) recompute alpha, write dS-derived g and the
-// post-dropout alpha per edge, accumulate destination-side gradients.
+// Row pass: per (item, head) recompute alpha and dS, accumulate
+// destination-side gradients; for the column pass save either the Delta_i
+// used (p.delta, recompute mode) or g and alpha~ per edge (p.ds / p.pd).
 //   GAT:   g = dS * LeakyReLU'(z)   d_dst[i]  = sum_j g
 //   GATV2: g = dS                    d_dst[i]  = sum_j g * att * LeakyReLU'(z_ij)
 //                                    d_att    += sum_j g * LeakyReLU(z_ij)
@@ -764,8 +776,10 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(con
       else gv = dS;
       const float pdv = alpha * kf;
       if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
-        p.ds[(b.base + t) * p.H + h] = gv;
-        p.pd[(b.base + t) * p.H + h] = pdv;
+        if (p.ds) {  // stored mode (see the column pass)
+          p.ds[(b.base + t) * p.H + h] = gv;
+          p.pd[(b.base + t) * p.H + h] = pdv;
+        }
         if (KIND == GAT && p.d_edge) p.d_edge[b.eo[t] * p.H + h] = from_f<T>(gv);
       }
       if constexpr (KIND == GATV2) gacc += gv;
@@ -810,6 +824,8 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(con
     break;
   delta = delta_exact;
   }
+  // the column pass recomputes dS with the Delta used here
+  if (p.delta && blockIdx.y == 0 && g.lg == 0) p.delta[row * p.H + h] = delta;
 
   if constexpr (KIND == GAT) {
     if (g.lg == 0 && blockIdx.y == 0) {
@@ -834,51 +850,92 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(con
 }
 
 // Column pass over the transposed CSR: per (source item, head)
-//   d_val[j] = sum_i pd_ij dO_i
+//   d_val[j] = sum_i pd_ij dO_i                     (pd = alpha * keep)
 //   GAT:   d_src[j] = sum_i g_ij                      ([N, H])
 //   DOT:   d_src[j] = sum_i g_ij q_i
 //   GATV2: d_src[j] = sum_i g_ij att LeakyReLU'(z_ij) + d_val[j]   (value = src)
-// Batches of kColBatch<KIND> transposed edges as in the row pass; per-feature sums
-// only, so a launch column needs just its own feature tile.
-template <int KIND, typename T, typename I, int VEC>
+// with g_ij the row pass's (dS times the score's derivative).  Two modes:
+//  * stored (RECOMPUTE = false): the row pass wrote g and pd per edge as fp32
+//    [E, H] (CSR order), read back here through t_perm: E x H x 8 bytes
+//    written and read;
+//  * recompute (RECOMPUTE = true): g and pd are recomputed here from the row
+//    statistics (m_i, log l_i) and the row pass's Delta_i, FlashAttention-
+//    style; nothing per edge is stored.  Measured on an H100 (docs/KERNELS.md,
+//    session 8) this pass then costs about as much as the row pass (two
+//    butterflies and an exp per edge): layer forward+backward +8-13 %, peak
+//    memory -20-60 % at 8 heads.  The launcher picks the mode.
+// In recompute mode the expressions are the row pass's, in the same order, on
+// the same lane layout (both passes launch with the same G and tile), so they
+// agree with the row pass's values to a few roundings (the compiler contracts
+// products into FMAs per kernel; measured: gradients within 6 ulps of the
+// stored mode's); that matters in nearly saturated rows, where dS = alpha (dP -
+// Delta) cancels and the row pass's Delta is the exact sum of its dP (see the
+// row pass; tests/nn/test_fuzz.py covers such rows).  The score needs its operand
+// rows over all features: a launch column adds the features outside its tile
+// from memory (`wide`), as the row pass does.
+template <int KIND, typename T, typename I, int VEC, bool RECOMPUTE>
 __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(const Params<T, I> p) {
+  constexpr int B = kColBatch<KIND, RECOMPUTE>;
+  constexpr int NC = kChunks<VEC>;
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.t_rowptr, it)) return;
-  const int64_t h = it.h, src = it.row, slot = it.slot, F = p.F;
+  const int64_t h = it.h, src = it.row, slot = it.slot, F = p.F, H = p.H;
   const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, F);
+  const T* v_row = p.val + (src * H + h) * F;  // v_j (DOT), x_j (GAT), x_src_j (GATV2)
+  const T* k_row = p.src + (src * H + h) * F;  // k_j (DOT), x_src_j (GATV2)
+
+  float vj[NC][VEC], kj[KIND == DOT ? NC : 1][VEC], at[KIND == GATV2 ? NC : 1][VEC];
+  load_tile<T, VEC>(ft, v_row, vj);
+  if constexpr (KIND == DOT) load_tile<T, VEC>(ft, k_row, kj);
+  if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * F, at);
+  const float a_src = KIND == GAT ? to_f(p.src[src * H + h]) : 0.f;
+  const bool need_cp = !RECOMPUTE || p.edge != nullptr || p.drop_p > 0.f;
 
   float gacc = 0.f;
-  float dv[kChunks<VEC>][VEC], dk[kChunks<VEC>][VEC], xl[kChunks<VEC>][VEC], at[kChunks<VEC>][VEC];
+  float dv[NC][VEC], dk[KIND == GAT ? 1 : NC][VEC];
+  zero_tile<VEC>(dv);
+  if constexpr (KIND != GAT) zero_tile<VEC>(dk);
+  for (int64_t base = it.begin; base < it.end; base += B) {
+    const int n = (int)imin(B, it.end - base);
+    I i[B], cp[B], eo[B];
 #pragma unroll
-  for (int c = 0; c < kChunks<VEC>; ++c)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) dv[c][k] = dk[c][k] = xl[c][k] = at[c][k] = 0.f;
-  if constexpr (KIND == GATV2) {
-    load_tile<T, VEC>(ft, p.src + (src * p.H + h) * F, xl);
-    load_tile<T, VEC>(ft, p.att + h * F, at);
-  }
-  for (int64_t base = it.begin; base < it.end; base += kColBatch<KIND>) {
-    const int n = (int)imin(kColBatch<KIND>, it.end - base);
-    I i[kColBatch<KIND>], cp[kColBatch<KIND>];
-    float gt[kColBatch<KIND>], pt[kColBatch<KIND>];
-#pragma unroll
-    for (int t = 0; t < kColBatch<KIND>; ++t) {
+    for (int t = 0; t < B; ++t) {
       const bool ok = t < n;
-      cp[t] = ok ? p.t_perm[base + t] : I(0);  // CSR position
-      i[t] = ok ? p.t_col[base + t] : I(0);    // destination
+      i[t] = ok ? p.t_col[base + t] : I(0);                // destination
+      cp[t] = (ok && need_cp) ? p.t_perm[base + t] : I(0);  // CSR position
     }
 #pragma unroll
-    for (int t = 0; t < kColBatch<KIND>; ++t) {
-      const bool ok = t < n;
-      gt[t] = ok ? p.ds[cp[t] * p.H + h] : 0.f;
-      pt[t] = ok ? p.pd[cp[t] * p.H + h] : 0.f;
-    }
-    float o[kColBatch<KIND>][kChunks<VEC>][VEC], x[KIND == GAT ? 1 : kColBatch<KIND>][kChunks<VEC>][VEC];
+    for (int t = 0; t < B; ++t)
+      eo[t] = (t < n && p.edge) ? (p.perm ? p.perm[cp[t]] : cp[t]) : I(0);
+    // recompute: the destination rows' statistics, and GAT's z_ij = a_src_j +
+    // a_dst_i (+ e_ij); stored: g and pd
+    float m[B], ll[B], dl[B], z[B], gs[B], ps[B];
 #pragma unroll
-    for (int t = 0; t < kColBatch<KIND>; ++t) {
+    for (int t = 0; t < B; ++t) {
       const bool ok = t < n;
-      const int64_t off = ((int64_t)i[t] * p.H + h) * F;
+      if constexpr (!RECOMPUTE) {
+        gs[t] = ok ? p.ds[(int64_t)cp[t] * H + h] : 0.f;
+        ps[t] = ok ? p.pd[(int64_t)cp[t] * H + h] : 0.f;
+        continue;
+      }
+      const int64_t ih = (int64_t)i[t] * H + h;
+      m[t] = ok ? p.lse_in[ih] : 0.f;
+      ll[t] = ok ? p.lse_l_in[ih] : 0.f;
+      dl[t] = ok ? p.delta[ih] : 0.f;
+      z[t] = 0.f;
+      if constexpr (KIND == GAT) {
+        if (ok) {
+          z[t] = a_src + to_f(p.dst[ih]);
+          if (p.edge) z[t] += to_f(p.edge[(int64_t)eo[t] * H + h]);
+        }
+      }
+    }
+    float o[B][NC][VEC], x[KIND == GAT ? 1 : B][NC][VEC];
+#pragma unroll
+    for (int t = 0; t < B; ++t) {
+      const bool ok = t < n;
+      const int64_t off = ((int64_t)i[t] * H + h) * F;
       if (ok) load_tile<T, VEC>(ft, p.dout + off, o[t]);
       else zero_tile<VEC>(o[t]);
       if constexpr (KIND != GAT) {
@@ -886,35 +943,96 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
         else zero_tile<VEC>(x[t]);
       }
     }
+    // lane partials of the score (vector kinds) and of dP = <dO_i, v_j (+ e_ij, dot)>,
+    // as batch_scores / batch_dP form them
+    float sp[B], dp[B];
 #pragma unroll
-    for (int t = 0; t < kColBatch<KIND>; ++t) {
-      gacc += gt[t];
-      if constexpr (KIND == GATV2) {
-        if (p.edge && t < n) {
-          const int64_t eo = p.perm ? (int64_t)p.perm[cp[t]] : (int64_t)cp[t];
-          add_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * F, x[t]);
+    for (int t = 0; t < B; ++t) {
+      const bool ok = t < n;
+      sp[t] = dp[t] = 0.f;
+      if constexpr (KIND == GAT) {
+        if constexpr (RECOMPUTE) dp[t] = tile_dot<VEC>(o[t], vj);
+      } else if constexpr (KIND == DOT && !RECOMPUTE) {
+      } else {
+        float ev[NC][VEC];
+        edge_tile<T, I, VEC>(p, ft, h, eo[t], ok, ev);
+        if constexpr (KIND == DOT) {
+          float kk[NC][VEC], vv[NC][VEC];
+#pragma unroll
+          for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) {
+              kk[c][q] = p.edge ? kj[c][q] + ev[c][q] : kj[c][q];
+              vv[c][q] = p.edge ? vj[c][q] + ev[c][q] : vj[c][q];
+            }
+          sp[t] = tile_dot<VEC>(x[t], kk);
+          dp[t] = tile_dot<VEC>(o[t], vv);
+        } else {  // GATV2: x[t] becomes z_ij = x_dst_i + x_src_j + e_ij
+#pragma unroll
+          for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) {
+              x[t][c][q] = x[t][c][q] + vj[c][q] + ev[c][q];
+              if (RECOMPUTE) sp[t] += at[c][q] * leaky(x[t][c][q], p.slope);
+            }
+          if (RECOMPUTE) dp[t] = tile_dot<VEC>(o[t], vj);
         }
       }
+      if (RECOMPUTE && ft.wide && ok) {
+        const int64_t ioff = ((int64_t)i[t] * H + h) * F;
+        const T* e = p.edge && KIND != GAT ? p.edge + ((int64_t)eo[t] * H + h) * F : nullptr;
+        if constexpr (KIND != GAT)
+          sp[t] += pair_part<KIND == GATV2, T, VEC>(g, p.dst + ioff, k_row, e,
+                                                    KIND == GATV2 ? p.att + h * F : nullptr, F,
+                                                    ft.f0, ft.hi, p.slope);
+        dp[t] += pair_part<false, T, VEC>(g, p.dout + ioff, v_row, KIND == DOT ? e : nullptr,
+                                          nullptr, F, ft.f0, ft.hi, 0.f);
+      }
+    }
 #pragma unroll
-      for (int c = 0; c < kChunks<VEC>; ++c)
+    for (int t = 0; t < B; ++t) {
+      if constexpr (!RECOMPUTE) break;
+      if constexpr (KIND != GAT) sp[t] = g.sum(sp[t]) * (KIND == DOT ? p.scale : 1.f);
+      dp[t] = g.sum(dp[t]);
+    }
+    // recompute: alpha, dS, g and pd as the row pass computes them
+#pragma unroll
+    for (int t = 0; t < B; ++t) {
+      float gv, pdv;
+      if constexpr (!RECOMPUTE) {
+        gv = gs[t];
+        pdv = ps[t];
+      } else {
+        const bool ok = t < n;
+        const float s = KIND == GAT ? leaky(z[t], p.slope) : sp[t];
+        const float alpha = ok ? expf((s - m[t]) - ll[t]) : 0.f;
+        const float kf = ok ? keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h) : 0.f;
+        const float dS = alpha * (dp[t] * kf - dl[t]);
+        if constexpr (KIND == GAT) gv = dS * dleaky(z[t], p.slope);
+        else if constexpr (KIND == DOT) gv = dS * p.scale;
+        else gv = dS;
+        pdv = alpha * kf;
+      }
+      gacc += gv;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          dv[c][k] += pt[t] * o[t][c][k];
-          if constexpr (KIND == DOT) dk[c][k] += gt[t] * x[t][c][k];
-          if constexpr (KIND == GATV2)
-            dk[c][k] += gt[t] * at[c][k] * dleaky(xl[c][k] + x[t][c][k], p.slope);
+          dv[c][k] += pdv * o[t][c][k];
+          if constexpr (KIND == DOT) dk[c][k] += gv * x[t][c][k];
+          if constexpr (KIND == GATV2) dk[c][k] += gv * at[c][k] * dleaky(x[t][c][k], p.slope);
         }
     }
   }
   // outputs: part1 <- the value-side gradient, part2 <- the source-side one
   if constexpr (KIND == GAT) {
     if (g.lg == 0 && blockIdx.y == 0) {
-      if (slot < 0) p.d_src[src * p.H + h] = from_f<T>(gacc);
-      else p.part2[slot * p.H + h] = gacc;
+      if (slot < 0) p.d_src[src * H + h] = from_f<T>(gacc);
+      else p.part2[slot * H + h] = gacc;
     }
   }
 #pragma unroll
-  for (int c = 0; c < kChunks<VEC>; ++c) {
+  for (int c = 0; c < NC; ++c) {
     const int64_t f = ft.f[c];
     if (f < 0) continue;
     if constexpr (KIND == GATV2) {
@@ -922,14 +1040,15 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
       for (int k = 0; k < VEC; ++k) dk[c][k] += dv[c][k];
     }
     T* vout = KIND == GATV2 ? p.d_src : p.d_val;
+    const float* first = KIND == GATV2 ? dk[c] : dv[c];
     if (slot < 0) {
-      if (vout) store_vec<T, VEC>(vout + (src * p.H + h) * F + f, KIND == GATV2 ? dk[c] : dv[c]);
-      if (KIND == DOT) store_vec<T, VEC>(p.d_src + (src * p.H + h) * F + f, dk[c]);
+      if (vout) store_vec<T, VEC>(vout + (src * H + h) * F + f, KIND == GATV2 ? dk[c] : dv[c]);
+      if constexpr (KIND == DOT) store_vec<T, VEC>(p.d_src + (src * H + h) * F + f, dk[c]);
     } else {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        p.part1[(slot * p.H + h) * F + f + k] = KIND == GATV2 ? dk[c][k] : dv[c][k];
-        if (KIND == DOT) p.part2[(slot * p.H + h) * F + f + k] = dk[c][k];
+        p.part1[(slot * H + h) * F + f + k] = first[k];
+        if constexpr (KIND == DOT) p.part2[(slot * H + h) * F + f + k] = dk[c][k];
       }
     }
   }

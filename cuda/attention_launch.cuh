@@ -7,6 +7,12 @@
 #include "attention_api.h"
 
 #include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 namespace dfgnn {
 
@@ -44,6 +50,34 @@ inline int choose_group(int forced, int64_t F, int vec, int kind) {
   int g = kind == GAT ? 4 : 1;
   while (g < 32 && g < need) g *= 2;
   return g;
+}
+
+// Backward column-pass mode (bwd_col_kernel): recompute alpha and dS from the
+// row statistics (nothing per edge stored; slower) or store them per edge as
+// fp32 [E, H] x 2 in the row pass (faster).  PYG_DFGNN_BACKWARD = "store" |
+// "recompute" | "auto" (default): auto recomputes when the two arrays would
+// take more than a quarter of the device memory the caching allocator has not
+// handed out (total - allocated; the total is asked of the driver once per
+// device, at the first backward, which a CUDA graph's warm-up runs eagerly).  Both modes give the same gradients
+// to a few fp32 roundings (tests/ops/test_cuda_kernels.py).
+inline bool recompute_backward(int64_t per_edge_bytes) {
+  const char* env = std::getenv("PYG_DFGNN_BACKWARD");
+  if (env && std::strcmp(env, "recompute") == 0) return true;
+  if (env && std::strcmp(env, "store") == 0) return false;
+  TORCH_CHECK(!env || !*env || std::strcmp(env, "auto") == 0,
+              "PYG_DFGNN_BACKWARD: must be 'auto', 'store' or 'recompute', got '", env, "'");
+  const int dev = c10::cuda::current_device();
+  static std::atomic<int64_t> totals[64];   // device memory, asked once per device
+  int64_t total = dev < 64 ? totals[dev].load() : 0;
+  if (total == 0) {
+    size_t free_b = 0, total_b = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    total = (int64_t)total_b;
+    if (dev < 64) totals[dev].store(total);
+  }
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev);
+  const int64_t allocated = stats.allocated_bytes[0].current;
+  return per_edge_bytes * 4 > total - allocated;
 }
 
 struct Launch {
@@ -123,12 +157,23 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   auto stream = c10::cuda::getCurrentCUDAStream();
   Params<T, I> p = make_params<T, I>(gr, fa, KIND);
   const int64_t Nd = gr.rowptr.numel() - 1, Ns = gr.t_rowptr.numel() - 1;
-  const int64_t E = gr.col.numel();
   p.dout = cptr<T>(bi.grad_out); p.o = cptr<T>(bi.out); p.lse_in = cptr<float>(bi.lse);
   p.lse_l_in = p.lse_in ? p.lse_in + Nd * p.H : nullptr;
   auto fo = bi.out.options().dtype(at::kFloat);
-  at::Tensor ds = at::empty({E, p.H}, fo), pd = at::empty({E, p.H}, fo);
-  p.ds = mptr<float>(ds); p.pd = mptr<float>(pd);
+  // for the column pass: the Delta_i of each (row, head) the row pass used
+  // (recompute mode) or g and alpha~ per edge (stored mode)
+  const int64_t E = gr.col.numel();
+  const bool recompute = E > 0 && recompute_backward(E * p.H * 8);
+  at::Tensor delta, ds, pd;
+  if (recompute) {
+    delta = at::empty({std::max<int64_t>(Nd, 1), p.H}, fo);
+    p.delta = delta.data_ptr<float>();
+  } else {
+    ds = at::empty({E, p.H}, fo);
+    pd = at::empty({E, p.H}, fo);
+    p.ds = mptr<float>(ds);
+    p.pd = mptr<float>(pd);
+  }
   p.d_dst = mptr<T>(o.d_dst); p.d_src = mptr<T>(o.d_src); p.d_val = mptr<T>(o.d_val);
   p.d_edge = mptr<T>(o.d_edge);
   const int64_t featF = KIND == GAT ? 1 : p.F;   // width of d_dst / d_src rows
@@ -176,7 +221,8 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.part2 = cpart2.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    bwd_col_kernel<KIND, T, I, VEC><<<l.grid, kThreads, 0, stream>>>(p);
+    if (recompute) bwd_col_kernel<KIND, T, I, VEC, true><<<l.grid, kThreads, 0, stream>>>(p);
+    else bwd_col_kernel<KIND, T, I, VEC, false><<<l.grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0) {
