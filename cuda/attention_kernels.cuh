@@ -886,10 +886,12 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
   const T* k_row = p.src + (src * H + h) * F;  // k_j (DOT), x_src_j (GATV2)
 
   float vj[NC][VEC], kj[KIND == DOT ? NC : 1][VEC], at[KIND == GATV2 ? NC : 1][VEC];
-  load_tile<T, VEC>(ft, v_row, vj);
-  if constexpr (KIND == DOT) load_tile<T, VEC>(ft, k_row, kj);
+  // the own row's operands: what the recomputed scores / dP need, and GATv2's
+  // z_ij in either mode
+  if constexpr (RECOMPUTE || KIND == GATV2) load_tile<T, VEC>(ft, v_row, vj);
+  if constexpr (RECOMPUTE && KIND == DOT) load_tile<T, VEC>(ft, k_row, kj);
   if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * F, at);
-  const float a_src = KIND == GAT ? to_f(p.src[src * H + h]) : 0.f;
+  const float a_src = RECOMPUTE && KIND == GAT ? to_f(p.src[src * H + h]) : 0.f;
   const bool need_cp = !RECOMPUTE || p.edge != nullptr || p.drop_p > 0.f;
 
   float gacc = 0.f;
@@ -952,8 +954,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
       sp[t] = dp[t] = 0.f;
       if constexpr (KIND == GAT) {
         if constexpr (RECOMPUTE) dp[t] = tile_dot<VEC>(o[t], vj);
-      } else if constexpr (KIND == DOT && !RECOMPUTE) {
-      } else {
+      } else if constexpr (RECOMPUTE || KIND == GATV2) {
         float ev[NC][VEC];
         edge_tile<T, I, VEC>(p, ft, h, eo[t], ok, ev);
         if constexpr (KIND == DOT) {
@@ -989,11 +990,12 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
                                           nullptr, F, ft.f0, ft.hi, 0.f);
       }
     }
+    if constexpr (RECOMPUTE) {
 #pragma unroll
-    for (int t = 0; t < B; ++t) {
-      if constexpr (!RECOMPUTE) break;
-      if constexpr (KIND != GAT) sp[t] = g.sum(sp[t]) * (KIND == DOT ? p.scale : 1.f);
-      dp[t] = g.sum(dp[t]);
+      for (int t = 0; t < B; ++t) {
+        if constexpr (KIND != GAT) sp[t] = g.sum(sp[t]) * (KIND == DOT ? p.scale : 1.f);
+        dp[t] = g.sum(dp[t]);
+      }
     }
     // recompute: alpha, dS, g and pd as the row pass computes them
 #pragma unroll
