@@ -110,6 +110,55 @@ def profile_top(fn, calls: int, top: int, sync) -> str:
     return "\n".join(s.getvalue().splitlines()[6:])
 
 
+def profile_ops(conv, x, ei, calls: int, top: int) -> str:
+    """Where a layer call's host time goes on the GPU: torch.profiler's CPU-side
+    events (ATen ops, autograd nodes, CUDA runtime calls such as
+    ``cudaLaunchKernel``) of ``calls`` forwards, then of their backwards,
+    per call: self CPU time and count, the ``top`` largest of each phase.
+    The profiler adds its own cost to every event: read the counts and the
+    shares, not the absolute times."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def table(prof, title):
+        rows = [(e.self_cpu_time_total / calls, e.count / calls, e.key)
+                for e in prof.key_averages() if e.self_cpu_time_total > 0]
+        rows.sort(key=lambda r: -r[0])
+        tot = sum(r[0] for r in rows)
+        launches = sum(r[1] for r in rows if r[2] in ("cudaLaunchKernel", "cuLaunchKernel",
+                                                      "cudaLaunchKernelExC", "cuLaunchKernelEx"))
+        lines = [f"  -- {title}: {tot:.1f} us self CPU per call (profiled), "
+                 f"{launches:.1f} kernel launches per call"]
+        lines += [f"  {t:8.1f} us  x{c:<5.1f} {k[:90]}" for t, c, k in rows[:top]]
+        return lines
+
+    outs = [conv(x, ei) for _ in range(3)]   # warm
+    for o in outs:
+        o.backward(torch.ones_like(o))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pf:
+        outs = [conv(x, ei) for _ in range(calls)]
+    grads = [torch.ones_like(o) for o in outs]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pb:
+        for o, g in zip(outs, grads):
+            o.backward(g)
+    torch.cuda.synchronize()
+    return "\n".join(table(pf, "forward") + table(pb, "backward"))
+
+
+class _Floor(torch.nn.Module):
+    """The host-time floor of a layer on this machine: PyTorch's own
+    ``nn.Linear(width, width)`` (one GEMM with bias; its backward two GEMMs and
+    a bias reduction), called as a layer (``(x, edge_index)``)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x, edge_index):
+        return self.lin(x)
+
+
 def main_gpu(a):
     dev = torch.device("cuda")
     b = pattern_like_batch(a.graphs, seed=0).to(dev)
@@ -130,6 +179,12 @@ def main_gpu(a):
               f"pyg: forward {f2:6.1f} us, backward {b2:6.1f} us", flush=True)
         if a.top:
             print(profile_top(lambda: mine(x, ei), a.calls, a.top, torch.cuda.synchronize))
+        if a.profile:
+            print(profile_ops(mine, x, ei, a.calls, a.profile))
+    floor = _Floor(a.width).to(dev).train()
+    f0, b0 = host_times(floor, x, ei, a.calls)
+    print(f"{'floor':6s} torch.nn.Linear({a.width}, {a.width}): forward {f0:6.1f} us, "
+          f"backward {b0:6.1f} us (one GEMM: the host cost of the smallest layer)", flush=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -266,6 +321,9 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--layers", default="", help="comma-separated subset of gat,gatv2,gt,agnn")
     ap.add_argument("--top", type=int, default=0)
+    ap.add_argument("--profile", type=int, default=0,
+                    help="GPU: torch.profiler breakdown of the fused layer's host time "
+                         "(this many rows per phase)")
     ap.add_argument("--cpu-path", action="store_true",
                     help="CPU: keep the CPU-only code path (folded GAT logits, content "
                          "fingerprint on every cache hit)")

@@ -241,9 +241,11 @@ class TrainConfig:
                         "fp32; bf16 / fp16 = torch.autocast on the training device (the fused "
                         "attention runs in that dtype), fp16 with a GradScaler")
     compile: CompileConfig = field(default_factory=CompileConfig)
-    cuda_graphs: bool = _f(False, help="capture the training step and the evaluation forward "
-                                       "as CUDA graphs (batches of small graphs on CUDA; "
-                                       "batches padded to a fixed size, see docs/TRAINING.md)")
+    cuda_graphs: Union[bool, str] = _f(
+        False, help="capture the training step and the evaluation forward as CUDA graphs "
+                    "(batches of small graphs on CUDA; batches padded to a fixed size, see "
+                    "docs/TRAINING.md); auto = on where the run allows it (backend=fused on "
+                    "CUDA, ...), else off with a log line saying why")
     cuda_graph_buckets: int = _f(4, help="cuda_graphs: size buckets (1..5), each with its own "
                                          "captured graphs; a batch is padded to the smallest "
                                          "that holds it (1 = the worst case only)")
@@ -525,32 +527,42 @@ def _validate_cuda_graphs(cfg: TrainConfig) -> None:
     if not 1 <= cfg.cuda_graph_buckets <= MAX_BUCKETS:
         raise ConfigError(f"cuda_graph_buckets: must be 1..{MAX_BUCKETS} (1 = one worst-case "
                           f"size), got {cfg.cuda_graph_buckets}")
-    if not cfg.cuda_graphs:
-        return
+    if isinstance(cfg.cuda_graphs, str) and cfg.cuda_graphs != "auto":
+        raise ConfigError(f"cuda_graphs: must be true, false or auto, got "
+                          f"{cfg.cuda_graphs!r}")
+    if cfg.cuda_graphs is True:
+        reason = cuda_graphs_blocker(cfg)
+        if reason is not None:
+            raise ConfigError(f"cuda_graphs: {reason}")
+
+
+def cuda_graphs_blocker(cfg: TrainConfig) -> Optional[str]:
+    """Why this config cannot replay its steps as CUDA graphs (``None``: it
+    can, as far as the config tells; the data and the device are checked when
+    the run starts).  ``cuda_graphs: true`` turns the reason into a
+    :class:`ConfigError`, ``cuda_graphs: auto`` into eager steps."""
     if cfg.device == "cpu":
-        raise ConfigError("cuda_graphs: needs a CUDA device (device=cpu)")
+        return "needs a CUDA device (device=cpu)"
     if cfg.precision == "fp16":
-        raise ConfigError("cuda_graphs: precision=fp16 needs a GradScaler, whose step "
-                          "decides on the host; use bf16 or fp32")
+        return ("precision=fp16 needs a GradScaler, whose step decides on the host; use "
+                "bf16 or fp32")
     if cfg.compile.enabled:
-        raise ConfigError("cuda_graphs: use either compile or cuda_graphs, not both")
+        return "use either compile or cuda_graphs, not both"
     if cfg.optimizer.name not in ("adam", "adamw"):
-        raise ConfigError(f"cuda_graphs: optimizer.name={cfg.optimizer.name} has no "
-                          f"capturable implementation here; use adam or adamw")
+        return (f"optimizer.name={cfg.optimizer.name} has no capturable implementation "
+                f"here; use adam or adamw")
     if cfg.data.loader == "neighbor" or cfg.data.name not in ("PATTERN", "CLUSTER", "pyg",
                                                                 "file"):
-        raise ConfigError(f"cuda_graphs: needs a data set of many small graphs (PATTERN, "
-                          f"CLUSTER, or your own: data.name=pyg/file), not "
-                          f"data.name={cfg.data.name}"
-                          + (" with data.loader=neighbor" if cfg.data.loader == "neighbor"
-                             else ""))
+        return (f"needs a data set of many small graphs (PATTERN, CLUSTER, or your own: "
+                f"data.name=pyg/file), not data.name={cfg.data.name}"
+                + (" with data.loader=neighbor" if cfg.data.loader == "neighbor" else ""))
     if cfg.data.batcher == "pyg":
-        raise ConfigError("cuda_graphs: needs data.batcher=auto or store (the padded "
-                          "batches are packed from the graph store)")
+        return ("needs data.batcher=auto or store (the padded batches are packed from the "
+                "graph store)")
     if cfg.backend == "fused" and cfg.model.attn_dropout > 0:
-        raise ConfigError("cuda_graphs: the fused attention dropout draws its seed on the "
-                          "host per call, which a replay would repeat; set "
-                          "model.attn_dropout=0 or cuda_graphs=false")
+        return ("the fused attention dropout draws its seed on the host per call, which a "
+                "replay would repeat; set model.attn_dropout=0 or cuda_graphs=false")
+    return None
 
 
 def _validate_sampling(cfg: TrainConfig) -> None:

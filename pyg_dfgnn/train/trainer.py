@@ -389,10 +389,45 @@ class _Run:
             self.eval_model = torch.compile(self.net, **opts) if self.dist.enabled else model
             self.log(f"torch.compile({', '.join(f'{k}={v!r}' for k, v in opts.items())})")
         self.model = model
-        capture = cfg.cuda_graphs and self.device.type == "cuda"
+        #: why ``cuda_graphs: auto`` runs eager steps (None: it does not)
+        self.cuda_graphs_off: Optional[str] = None
+        graphs = cfg.cuda_graphs
+        if graphs == "auto":
+            self.cuda_graphs_off = self._cuda_graphs_blocker()
+            graphs = self.cuda_graphs_off is None
+        capture = bool(graphs) and self.device.type == "cuda"
         self.opt = _make_optimizer(cfg, model.parameters(), self.device, capturable=capture)
         self.sched = _make_scheduler(cfg, self.opt)
-        self.graphed = self._build_graphed() if cfg.cuda_graphs else None
+        self.graphed = None
+        if graphs:
+            try:
+                self.graphed = self._build_graphed()
+            except ConfigError as e:
+                if cfg.cuda_graphs is True:
+                    raise
+                # auto: what the data rules out (degrees, node attributes, ...)
+                self.cuda_graphs_off = str(e).replace("cuda_graphs: ", "", 1)
+                self.opt = _make_optimizer(cfg, model.parameters(), self.device,
+                                           capturable=False)
+                self.sched = _make_scheduler(cfg, self.opt)
+        if self.cuda_graphs_off is not None:
+            self.log(f"cuda_graphs: auto -> eager steps ({self.cuda_graphs_off})")
+
+    def _cuda_graphs_blocker(self) -> Optional[str]:
+        """``cuda_graphs: auto``: why this run takes eager steps, as far as the
+        config and the device tell (``None``: it tries the captured steps; the
+        data can still rule them out, see :meth:`_build_graphed`)."""
+        from .config import cuda_graphs_blocker
+        cfg = self.cfg
+        reason = cuda_graphs_blocker(cfg)
+        if reason is None and cfg.backend != "fused":
+            reason = (f"backend={cfg.backend}: auto captures the fused layers only; "
+                      f"cuda_graphs=true tries it with this backend")
+        if reason is None and self.device.type != "cuda" and not self.cuda_graphs_on_cpu:
+            reason = f"needs a CUDA device; the run is on {self.device}"
+        if reason is None and self.dist.enabled:
+            reason = "not with DDP (several processes)"
+        return reason
 
     #: run ``cuda_graphs: true`` on a CPU device as the same padded steps without
     #: capture (the CPU tests of the trainer integration set this)
@@ -1027,7 +1062,9 @@ class _Run:
                                              else list(self.prepare.views)),
                          "batcher": "store" if self.stores else "pyg",
                          "cuda_graphs": (None if self.graphed is None else
-                                         self._graphed_summary())},
+                                         self._graphed_summary()),
+                         "cuda_graphs_requested": self.cfg.cuda_graphs,
+                         "cuda_graphs_off": self.cuda_graphs_off},
             "metrics": metrics,
             "stop_reason": stop_reason,
             "resumed_from": self.resumed_from,

@@ -614,6 +614,77 @@ def test_config_errors(tmp_path, tiny_args, capsys, override, fragment):
     assert fragment in capsys.readouterr().err
 
 
+def test_auto_takes_the_padded_steps_where_it_can(tmp_path, tiny_args, monkeypatch,
+                                                   capsys):
+    """``cuda_graphs: auto`` on a run that allows it takes the padded
+    (captured on CUDA) steps, with the same losses as ``cuda_graphs: true``."""
+    from pyg_dfgnn.train.trainer import _Run
+    monkeypatch.setattr(_Run, "cuda_graphs_on_cpu", True)
+    extra = ["epochs=1", "backend=fused", "model.dropout=0.0"]
+    assert main(tiny_args(*extra, "cuda_graphs=true", out="true")) == 0
+    assert main(tiny_args(*extra, "cuda_graphs=auto", out="auto")) == 0
+    out = capsys.readouterr().out
+    assert out.count("cuda_graphs: batches padded to") == 2 and "auto -> eager" not in out
+    a, b = _results(tmp_path / "true"), _results(tmp_path / "auto")
+    assert b["training"]["cuda_graphs"] is not None
+    assert b["training"]["cuda_graphs_requested"] == "auto"
+    assert b["training"]["cuda_graphs_off"] is None
+    assert [h["train_loss"] for h in b["history"]] == [h["train_loss"] for h in a["history"]]
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("precision=fp16", "precision=fp16 needs a GradScaler"),
+    ("optimizer.name=sgd", "optimizer.name=sgd has no capturable"),
+    ("data.batcher=pyg", "needs data.batcher"),
+    ("backend=pyg", "backend=pyg: auto captures the fused layers only"),
+    ("cpu", "needs a CUDA device; the run is on cpu"),
+])
+def test_auto_falls_back_to_eager_steps(tmp_path, tiny_args, monkeypatch, capsys, override,
+                                        fragment):
+    """``cuda_graphs: auto`` where ``true`` would be refused (or on a backend
+    it does not capture): the eager steps, the reason in the log and in
+    results.json, and the plain run's losses."""
+    from pyg_dfgnn.train.trainer import _Run
+    if override == "cpu":
+        override = "epochs=1"
+    else:
+        monkeypatch.setattr(_Run, "cuda_graphs_on_cpu", True)   # only the override rules out
+    extra = ["epochs=1", "model.dropout=0.0", override]
+    assert main(tiny_args(*extra, out="plain")) == 0
+    assert main(tiny_args(*extra, "cuda_graphs=auto", out="auto")) == 0
+    out = capsys.readouterr().out
+    assert f"cuda_graphs: auto -> eager steps (" in out and fragment in out
+    assert "cuda_graphs: batches padded to" not in out
+    ref, ours = _results(tmp_path / "plain"), _results(tmp_path / "auto")
+    assert ours["training"]["cuda_graphs"] is None
+    assert fragment in ours["training"]["cuda_graphs_off"]
+    assert [h["train_loss"] for h in ours["history"]] == [h["train_loss"]
+                                                          for h in ref["history"]]
+
+
+def test_auto_falls_back_when_the_data_rules_it_out(tmp_path, tiny_args, monkeypatch,
+                                                    capsys):
+    """What only the data can rule out (here: a node degree above the
+    schedule's split threshold) makes ``true`` exit 2 and ``auto`` run eager
+    steps with a non-capturable optimizer."""
+    from pyg_dfgnn import schedule
+    from pyg_dfgnn.train.trainer import _Run
+    monkeypatch.setattr(_Run, "cuda_graphs_on_cpu", True)
+    monkeypatch.setattr(schedule, "MIN_SPLIT", 1)
+    assert main(tiny_args("epochs=1", "cuda_graphs=true")) == 2
+    assert "cuda_graphs: a graph has a node of degree" in capsys.readouterr().err
+    assert main(tiny_args("epochs=1", "cuda_graphs=auto", out="auto")) == 0
+    assert "cuda_graphs: auto -> eager steps (a graph has a node of degree" in \
+        capsys.readouterr().out
+    assert _results(tmp_path / "auto")["training"]["cuda_graphs"] is None
+
+
+@pytest.mark.parametrize("value", ["maybe", "yes please"])
+def test_cuda_graphs_value_is_checked(tmp_path, tiny_args, capsys, value):
+    assert main(tiny_args(f"cuda_graphs={value}")) == 2
+    assert "cuda_graphs: must be true, false or auto" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
 def test_cpu_run_is_refused(tmp_path, tiny_args, capsys):
     assert main(tiny_args("cuda_graphs=true", "epochs=1")) == 2
