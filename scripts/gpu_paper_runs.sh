@@ -6,6 +6,8 @@
 #   PART=gt  : PATTERN GT fused cuda_graphs=true for MINUTES (checkpoints kept in
 #              OUTDIR/gt_fused for a later resume: RESUME=path/to/checkpoint_last.pt)
 #   PART=gt_pyg : PATTERN GT pyg, same seed, EPOCHS epochs
+#   PART=gat500k : PATTERN GAT 500k (L=16, configs/pattern_gat_500k.yaml), fused,
+#              cuda_graphs auto, for MINUTES (checkpoints in OUTDIR/gat500k_fused; RESUME as for gt)
 # Writes OUTDIR/runs.tar.gz (results.json + train.log of each run) and summary.txt.
 set -u
 OUT=${1:?}; PART=${2:?}; MIN=${3:-5}
@@ -35,6 +37,10 @@ gt)
   run pattern_gt_fused pattern_gt.yaml backend=fused cuda_graphs=true time_limit_min=$MIN \
     data.root=/tmp/dfgnn_data log.progress=false checkpoint.enabled=true ${RESUME:+resume=$RESUME}
   ;;
+gat500k)
+  run gat500k_fused pattern_gat_500k.yaml backend=fused time_limit_min=$MIN \
+    data.root=/tmp/dfgnn_data log.progress=false checkpoint.enabled=true ${RESUME:+resume=$RESUME}
+  ;;
 gt_pyg)
   run pattern_gt_pyg pattern_gt.yaml backend=pyg epochs=${EPOCHS:-8} $COMMON
   ;;
@@ -52,4 +58,5 @@ for d in sorted(p for p in pathlib.Path(sys.argv[1]).iterdir() if p.is_dir()):
 PY
 tar czf "$OUT/runs.tar.gz" -C "$R" $(cd "$R" && ls -d */results.json */train.log *.out 2>/dev/null) 2>/dev/null
 [ "$PART" = gt ] && cp "$R/pattern_gt_fused/checkpoint_last.pt" "$OUT/" 2>/dev/null
+[ "$PART" = gat500k ] && cp "$R/gat500k_fused/checkpoint_last.pt" "$OUT/" 2>/dev/null
 cat "$OUT/summary.txt"; echo "total $(( $(date +%s) - t0 )) s"
