@@ -26,23 +26,6 @@ run agnn_pyg pattern_agnn.yaml backend=pyg
 run agnnbf_g pattern_agnn.yaml backend=fused cuda_graphs=true precision=bf16
 run agnnbf_pyg pattern_agnn.yaml backend=pyg precision=bf16
 }" timeout 430 bash scripts/gpu_train_check.sh "$OUT" "$NT" > "$OUT/train_lines.txt" 2>&1
-python - /tmp/dfgnn_runs <<'PY'
-import json, pathlib, sys
-rows = {}
-for d in sorted(p for p in pathlib.Path(sys.argv[1]).iterdir() if p.is_dir()):
-    f = d / "results.json"
-    if not f.is_file():
-        print(d.name, "no results"); continue
-    r = json.loads(f.read_text()); h = r["history"][1:] or r["history"]
-    mid = sorted(h, key=lambda x: x["epoch_time_s"])[len(h) // 2]
-    rows[d.name] = (mid["epoch_time_s"], mid["train_time_s"], (r["timings"]["peak_gpu_mem_bytes"] or 0) / 2**20,
-                    max(x["peak_gpu_mem_bytes"] or 0 for x in h) / 2**20, r["history"][-1]["val_metric"], len(r["history"]))
-    e, t, p, sp, v, n = rows[d.name]
-    print(f"{d.name:10s} epochs {n} epoch {e:.3f}s train {t:.3f}s eval {e - t:.3f}s run-peak {p:.0f} MiB steady-peak {sp:.0f} MiB val {v:.2f}")
-for m in ("gt", "gtbf", "gat", "gatbf", "agnn", "agnnbf"):
-    f, q = rows.get(m + "_g"), rows.get(m + "_pyg")
-    if f and q:
-        print(f"{m:7s} epoch {q[0]/f[0]:.2f}x  train {q[1]/f[1]:.2f}x  val-pass {(q[0]-q[1])/max(f[0]-f[1],1e-9):.2f}x  run-peak mem {q[2]/f[2]:.1f}x steady {q[3]/max(f[3],1e-9):.1f}x")
-PY
+python scripts/summarize_runs.py /tmp/dfgnn_runs
 for f in /tmp/dfgnn_runs/*.log; do grep -H -m2 -i "error\|Traceback" "$f"; done 2>/dev/null | head -5
 (cd /tmp/dfgnn_runs && tar czf "$OUT/runs.tgz" */results.json *.log)
