@@ -405,7 +405,7 @@ class _Run:
             except ConfigError as e:
                 if cfg.cuda_graphs is True:
                     raise
-                # auto: what the data rules out (degrees, node attributes, ...)
+                # auto: what the device, DDP or the data rule out
                 self.cuda_graphs_off = str(e).replace("cuda_graphs: ", "", 1)
                 self.opt = _make_optimizer(cfg, model.parameters(), self.device,
                                            capturable=False)
@@ -415,18 +415,14 @@ class _Run:
 
     def _cuda_graphs_blocker(self) -> Optional[str]:
         """``cuda_graphs: auto``: why this run takes eager steps, as far as the
-        config and the device tell (``None``: it tries the captured steps; the
-        data can still rule them out, see :meth:`_build_graphed`)."""
+        config tells (``None``: it tries the captured steps; the device, DDP
+        and the data can still rule them out, see :meth:`_build_graphed`)."""
         from .config import cuda_graphs_blocker
         cfg = self.cfg
         reason = cuda_graphs_blocker(cfg)
         if reason is None and cfg.backend != "fused":
             reason = (f"backend={cfg.backend}: auto captures the fused layers only; "
                       f"cuda_graphs=true tries it with this backend")
-        if reason is None and self.device.type != "cuda" and not self.cuda_graphs_on_cpu:
-            reason = f"needs a CUDA device; the run is on {self.device}"
-        if reason is None and self.dist.enabled:
-            reason = "not with DDP (several processes)"
         return reason
 
     #: run ``cuda_graphs: true`` on a CPU device as the same padded steps without
