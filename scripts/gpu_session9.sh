@@ -6,6 +6,8 @@
 #   memory   where a graphed GT bf16 run's memory goes (memory_graphed.py)
 #   cluster  full-size generated CLUSTER (10k training graphs), GT / GAT / AGNN,
 #            fp32 and bf16, fused cuda_graphs=true vs PyG eager, 3 epochs
+#   runs     the same with the run list in RUNS_S9 (one 'run LABEL CONFIG ARGS...'
+#            line each, as in scripts/gpu_train_check.sh; also used in session 10)
 #   shipped  the shipped CLUSTER AGNN config as a user runs it (cuda_graphs: auto, no
 #            override): fused and PyG, fp32 and bf16, full size, 3 epochs; what
 #            auto chose for each run
@@ -36,7 +38,7 @@ memory)
     data.num_test=400 data.root=/tmp/dfgnn_data checkpoint.enabled=false log.progress=false \
     out_dir=/tmp/mem_gt > $OUT/memory_gt_bf16.log 2>&1
   tail -25 $OUT/memory_gt_bf16.log ;;
-cluster)
+cluster|runs)
   SKIP_DEFAULT=1 EPOCHS=3 EXTRA_RUNS="${RUNS_S9:-
 run gt_g cluster_gt.yaml backend=fused cuda_graphs=true
 run gt_pyg cluster_gt.yaml backend=pyg
@@ -52,7 +54,7 @@ run agnnbf_g cluster_agnn.yaml backend=fused cuda_graphs=true precision=bf16
 run agnnbf_pyg cluster_agnn.yaml backend=pyg precision=bf16
 }" timeout ${CLUSTER_S:-420} bash scripts/gpu_train_check.sh "$OUT" "${NT:-10000}" > "$OUT/train_lines.txt" 2>&1
   python scripts/summarize_runs.py /tmp/dfgnn_runs
-  (cd /tmp/dfgnn_runs && tar czf "$OUT/runs_cluster.tgz" */results.json *.log) ;;
+  (cd /tmp/dfgnn_runs && tar czf "$OUT/runs_$mode.tgz" */results.json *.log) ;;
 shipped)
   SKIP_DEFAULT=1 EPOCHS=3 EXTRA_RUNS="
 run agnn_g cluster_agnn.yaml backend=fused

@@ -91,7 +91,65 @@ class MLPReadout(nn.Module):
         return self.out(x)
 
 
-def masked_batch_norm(bn: nn.BatchNorm1d, x: Tensor, mask: Tensor) -> Tensor:
+class _MaskedBatchNorm(torch.autograd.Function):
+    """BatchNorm over the ``mask`` rows of ``x``, optionally followed by an ELU,
+    with a hand-written backward that keeps only the input and two ``[C]``
+    statistics.
+
+    The same expressions written as autograd ops keep three ``[N, C]`` fp32
+    tensors per norm for backward (``xf - mean`` twice and the normalised
+    output), plus the ELU's output: 6 of the ~14 ``[N, D]`` tensors a Graph
+    Transformer layer saved in a padded (CUDA-graph) step, 3 of GAT's 7 per
+    block (docs/KERNELS.md, session 10).  The backward recomputes ``x_hat``
+    (and the ELU's input) from the saved ``x``.  Returns ``y`` and the batch
+    ``mean`` and biased ``var`` (no gradient: the running statistics)."""
+
+    @staticmethod
+    def forward(ctx, x, mask, weight, bias, eps, elu):
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))   # half precision: fp32 sums
+        m = mask.to(xf.dtype).unsqueeze(-1)
+        cnt = m.sum()
+        mean = (xf * m).sum(0) / cnt
+        d = (xf - mean) * m
+        var = (d * d).sum(0) / cnt
+        invstd = torch.rsqrt(var + eps)
+        y = (xf - mean) * invstd
+        if weight is not None:
+            y = y * weight + bias
+        if elu:
+            y = F.elu(y)
+        ctx.save_for_backward(x, m, cnt, mean, invstd, weight, bias)
+        ctx.elu = elu
+        ctx.mark_non_differentiable(mean, var)
+        return y.to(x.dtype), mean, var
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, _dmean, _dvar):
+        # y_i = w xh_i + b with xh_i = (x_i - mean) s: the statistics come from
+        # the masked rows only but act on every row, so with g = w dy
+        # dx_j = s (g_j - m_j / n (sum_i g_i + xh_j sum_i g_i xh_i))
+        x, m, cnt, mean, invstd, weight, bias = ctx.saved_tensors
+        xh = (x.to(mean.dtype) - mean) * invstd
+        g = dy.to(mean.dtype)
+        if ctx.elu:   # ELU'(z) = 1 for z > 0, exp(z) otherwise, z the norm's output
+            z = xh if weight is None else xh * weight + bias
+            g = torch.where(z > 0, g, g * torch.exp(z))
+        dw = db = None
+        if weight is not None:
+            if ctx.needs_input_grad[2]:
+                dw = (g * xh).sum(0)
+            if ctx.needs_input_grad[3]:
+                db = g.sum(0)
+            g = g * weight
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = ((g - m / cnt * (g.sum(0) + xh * (g * xh).sum(0))) * invstd).to(x.dtype)
+        return dx, None, dw, db, None, None
+
+
+def masked_batch_norm(bn: nn.BatchNorm1d, x: Tensor, mask: Tensor, elu: bool = False
+                      ) -> Tensor:
     r"""``bn(x[mask])`` written back in place of ``x``'s masked rows, for a
     batch padded to a fixed size (:mod:`pyg_dfgnn.train.graphed`): in training
     the statistics are taken over the rows where ``mask`` is true only,
@@ -99,35 +157,35 @@ def masked_batch_norm(bn: nn.BatchNorm1d, x: Tensor, mask: Tensor) -> Tensor:
     \mu)^2 / n`, and the running estimates are updated with them (unbiased
     variance, as :class:`torch.nn.BatchNorm1d` does); the padding rows are
     normalised with the same statistics.  In evaluation (running statistics)
-    this is ``bn(x)``.  No host synchronisation (fixed shapes)."""
+    this is ``bn(x)``.  ``elu=True`` returns ``F.elu`` of that.  No host
+    synchronisation (fixed shapes).  Backward keeps ``x`` only, as
+    :class:`torch.nn.BatchNorm1d` does (:class:`_MaskedBatchNorm`)."""
     use_batch = bn.training or not bn.track_running_stats
     if not use_batch:
-        return bn(x)
-    xf = x.to(torch.promote_types(x.dtype, torch.float32))   # half precision: fp32 sums
-    m = mask.to(xf.dtype).unsqueeze(-1)
-    cnt = m.sum()
-    mean = (xf * m).sum(0) / cnt
-    d = (xf - mean) * m
-    var = (d * d).sum(0) / cnt
-    y = (xf - mean) * torch.rsqrt(var + bn.eps)
-    if bn.affine:
-        y = y * bn.weight + bn.bias
+        y = bn(x)
+        return F.elu(y) if elu else y
+    y, mean, var = _MaskedBatchNorm.apply(x, mask, bn.weight if bn.affine else None,
+                                          bn.bias if bn.affine else None, bn.eps, elu)
     if bn.training and bn.track_running_stats:
         with torch.no_grad():
+            cnt = mask.sum().to(mean.dtype)
             bn.num_batches_tracked.add_(1)
             mom = (bn.momentum if bn.momentum is not None
-                   else 1.0 / bn.num_batches_tracked.to(xf.dtype))
+                   else 1.0 / bn.num_batches_tracked.to(mean.dtype))
             bn.running_mean.mul_(1 - mom).add_(mom * mean.to(bn.running_mean.dtype))
             unbiased = var * (cnt / (cnt - 1).clamp(min=1))
             bn.running_var.mul_(1 - mom).add_(mom * unbiased.to(bn.running_var.dtype))
-    return y.to(x.dtype)
+    return y
 
 
-def norm(module: nn.Module, x: Tensor, node_mask: Optional[Tensor] = None) -> Tensor:
-    """``module(x)``; a BatchNorm over the ``node_mask`` rows only when given."""
+def norm(module: nn.Module, x: Tensor, node_mask: Optional[Tensor] = None,
+         elu: bool = False) -> Tensor:
+    """``module(x)`` (then ``F.elu`` where ``elu``); a BatchNorm over the
+    ``node_mask`` rows only when given."""
     if node_mask is not None and isinstance(module, nn.BatchNorm1d):
-        return masked_batch_norm(module, x, node_mask)
-    return module(x)
+        return masked_batch_norm(module, x, node_mask, elu)
+    y = module(x)
+    return F.elu(y) if elu else y
 
 
 def _readout(kind: str, in_dim: int, num_classes: int) -> nn.Module:
@@ -190,7 +248,7 @@ class GATNet(nn.Module):
                 h = F.dropout(F.elu(h), self.dropout, self.training)
             return h
         h_in = h
-        h = F.elu(norm(self.norms[i], conv(h, edge_index), node_mask))
+        h = norm(self.norms[i], conv(h, edge_index), node_mask, elu=True)
         if self.residual and h.shape == h_in.shape:
             h = h_in + h
         return F.dropout(h, self.dropout, self.training)
@@ -322,7 +380,7 @@ class AGNNNet(nn.Module):
         h_in = h
         h = self.convs[i](h, edge_index)
         if self.block:
-            h = F.elu(norm(self.norms[i], h, node_mask))
+            h = norm(self.norms[i], h, node_mask, elu=True)
             if self.residual:
                 h = h_in + h
         return h

@@ -64,6 +64,78 @@ def test_masked_batch_norm_is_batch_norm_of_the_real_rows():
     torch.testing.assert_close(masked_batch_norm(ours, x, mask)[:21], ref(x[:21]))
 
 
+def _autograd_masked_norm(bn, x, mask, elu):
+    """The masked norm as plain autograd ops (what models.py computed before
+    its hand-written backward): the reference of the test below."""
+    m = mask.to(x.dtype).unsqueeze(-1)
+    cnt = m.sum()
+    mean = (x * m).sum(0) / cnt
+    d = (x - mean) * m
+    var = (d * d).sum(0) / cnt
+    y = (x - mean) * torch.rsqrt(var + bn.eps)
+    if bn.affine:
+        y = y * bn.weight + bn.bias
+    return torch.nn.functional.elu(y) if elu else y
+
+
+@pytest.mark.parametrize("elu", [False, True])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("real", [1, 23, 40])
+def test_masked_batch_norm_backward_is_the_autograd_one(elu, affine, real):
+    """The hand-written backward (it keeps only x) against autograd through
+    the same forward, float64, with gradients flowing into the padding rows
+    too (they are normalised with the real rows' statistics, so their
+    gradient reaches the real rows' x through mean and var)."""
+    from pyg_dfgnn.train.models import masked_batch_norm
+    torch.manual_seed(real + 2 * elu + 4 * affine)
+    bn = torch.nn.BatchNorm1d(6, affine=affine).double()
+    if affine:
+        with torch.no_grad():
+            bn.weight.uniform_(-2, 2)
+            bn.bias.uniform_(-1, 1)
+    x = (3 * torch.randn(40, 6, dtype=torch.float64) + 1).requires_grad_()
+    mask = torch.zeros(40, dtype=torch.bool)
+    mask[torch.randperm(40)[:real]] = True
+    w = torch.randn(40, 6, dtype=torch.float64)
+    params = [x] + ([bn.weight, bn.bias] if affine else [])
+    ref = _autograd_masked_norm(bn, x, mask, elu)
+    g_ref = torch.autograd.grad((ref * w).sum(), params)
+    y = masked_batch_norm(bn, x, mask, elu=elu)
+    g = torch.autograd.grad((y * w).sum(), params)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    scale = max(t.abs().max().item() for t in g_ref)   # x's gradient is 0 at real=1
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * scale)
+
+
+def test_masked_batch_norm_half_precision_input():
+    """bf16 input (an autocast layer's output): statistics and backward in
+    fp32, the output and x's gradient rounded to bf16.  Against float64 on the
+    same bf16 values (and the bf16 upstream gradient): the bf16 tensors within
+    two bf16 roundings, the fp32 weight gradient within the summation bound of
+    its 50 fp32 terms."""
+    from pyg_dfgnn.train.models import masked_batch_norm
+    torch.manual_seed(5)
+    n = 50
+    bn = torch.nn.BatchNorm1d(8)
+    x = torch.randn(n, 8).bfloat16().requires_grad_()
+    mask = torch.arange(n) < 37
+    dy = torch.randn(n, 8).bfloat16()
+    y = masked_batch_norm(bn, x, mask, elu=True)
+    y.backward(dy)
+    assert y.dtype == x.grad.dtype == torch.bfloat16
+    bn64 = torch.nn.BatchNorm1d(8).double()
+    x64 = x.detach().double().requires_grad_()
+    ref = _autograd_masked_norm(bn64, x64, mask, True)
+    ref.backward(dy.double())
+    u = 2.0 ** -8   # bf16 unit roundoff
+    assert (y.double() - ref).abs().max() <= 2 * u * ref.abs().max()
+    assert (x.grad.double() - x64.grad).abs().max() <= 2 * u * x64.grad.abs().max()
+    xh = (x64 - x64[mask].mean(0)) / x64[mask].std(0, unbiased=False)
+    bound = 4 * n * 2.0 ** -24 * (dy.double().abs() * xh.abs()).sum(0)   # ELU' <= 1
+    assert ((bn.weight.grad.double() - bn64.weight.grad).abs() <= bound).all()
+
+
 @pytest.mark.parametrize("weighted", [True, False])
 def test_masked_cross_entropy_is_the_loss_of_the_real_rows(weighted):
     import torch.nn.functional as F
