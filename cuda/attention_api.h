@@ -4,7 +4,17 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
+
 namespace dfgnn {
+
+// The backward's column-pass mode as forced by the caller (dfgnn_C::set_backward_mode,
+// pyg_dfgnn.ops.set_backward_mode): -1 = not forced (PYG_DFGNN_BACKWARD or the
+// automatic rule decides), 0 = store, 1 = recompute, 2 = the automatic rule.
+inline std::atomic<int>& forced_backward_mode() {
+  static std::atomic<int> mode{-1};
+  return mode;
+}
 
 struct GraphArgs {
   at::Tensor rowptr, col, perm;          // destination-major CSR (+ CSR pos -> edge id)

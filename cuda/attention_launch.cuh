@@ -60,12 +60,18 @@ inline int choose_group(int forced, int64_t F, int vec, int kind) {
 // handed out (total - allocated; the total is asked of the driver once per
 // device, at the first backward, which a CUDA graph's warm-up runs eagerly).  Both modes give the same gradients
 // to a few fp32 roundings (tests/ops/test_cuda_kernels.py).
+// A mode forced through set_backward_mode (forced_backward_mode) takes precedence
+// over the environment variable.
 inline bool recompute_backward(int64_t per_edge_bytes) {
-  const char* env = std::getenv("PYG_DFGNN_BACKWARD");
-  if (env && std::strcmp(env, "recompute") == 0) return true;
-  if (env && std::strcmp(env, "store") == 0) return false;
-  TORCH_CHECK(!env || !*env || std::strcmp(env, "auto") == 0,
-              "PYG_DFGNN_BACKWARD: must be 'auto', 'store' or 'recompute', got '", env, "'");
+  const int forced = forced_backward_mode().load(std::memory_order_relaxed);
+  if (forced == 0 || forced == 1) return forced == 1;
+  if (forced < 0) {
+    const char* env = std::getenv("PYG_DFGNN_BACKWARD");
+    if (env && std::strcmp(env, "recompute") == 0) return true;
+    if (env && std::strcmp(env, "store") == 0) return false;
+    TORCH_CHECK(!env || !*env || std::strcmp(env, "auto") == 0,
+                "PYG_DFGNN_BACKWARD: must be 'auto', 'store' or 'recompute', got '", env, "'");
+  }
   const int dev = c10::cuda::current_device();
   static std::atomic<int64_t> totals[64];   // device memory, asked once per device
   int64_t total = dev < 64 ? totals[dev].load() : 0;

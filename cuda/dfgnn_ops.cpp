@@ -198,12 +198,23 @@ std::vector<at::Tensor> attention_bwd(
           back(o.d_edge, orig.edge), back(o.d_att, orig.att)};
 }
 
+// The backward's column-pass mode for the whole process (forced_backward_mode).
+void set_backward_mode(int64_t mode) {
+  TORCH_CHECK(mode >= -1 && mode <= 2, "pyg_dfgnn: the backward mode must be -1 (not forced), "
+              "0 (store), 1 (recompute) or 2 (auto), got ", mode);
+  forced_backward_mode().store(static_cast<int>(mode));
+}
+
+int64_t get_backward_mode() { return forced_backward_mode().load(); }
+
 }  // namespace
 }  // namespace dfgnn
 
 TORCH_LIBRARY(dfgnn_C, m) {
   m.def(DFGNN_ATTENTION_FWD_SCHEMA);
   m.def(DFGNN_ATTENTION_BWD_SCHEMA);
+  m.def("set_backward_mode(int mode) -> ()", &dfgnn::set_backward_mode);
+  m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
 }
 
 TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {

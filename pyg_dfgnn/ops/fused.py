@@ -21,6 +21,7 @@ the same for the transposed CSR in backward.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -32,6 +33,14 @@ from . import reference as ref
 
 _C_OPS: list = []
 
+#: the CUDA backward's column-pass modes (docs/KERNELS.md): ``store`` keeps each
+#: edge's alpha and dS (fp32, ``E x H x 8`` bytes while a layer's backward runs),
+#: ``recompute`` recomputes them from the row statistics (nothing per edge, a
+#: slower column pass), ``auto`` stores unless that would take over a quarter of
+#: the device memory not yet allocated
+BACKWARD_MODES = ("store", "recompute", "auto")
+_backward_mode: List[Optional[str]] = [None]   # forced for the process, or None
+
 
 def _ext():
     """``torch.ops.dfgnn_C`` (built or loaded on first use; looked up once)."""
@@ -39,8 +48,44 @@ def _ext():
         return _C_OPS[0]
     from .. import _build
     _build.load()
-    _C_OPS.append(torch.ops.dfgnn_C)
+    ops = torch.ops.dfgnn_C
+    if _backward_mode[0] is not None:
+        _apply_backward_mode(ops)
+    _C_OPS.append(ops)
     return _C_OPS[0]
+
+
+def _apply_backward_mode(ops) -> None:
+    mode = _backward_mode[0]
+    ops.set_backward_mode(-1 if mode is None else BACKWARD_MODES.index(mode))
+
+
+def set_backward_mode(mode: Optional[str]) -> Optional[str]:
+    """Force the CUDA backward's column-pass mode for this process:
+    ``"store"``, ``"recompute"`` or ``"auto"`` (see :data:`BACKWARD_MODES`);
+    ``None`` gives the choice back to the ``PYG_DFGNN_BACKWARD`` environment
+    variable (default ``auto``), which a forced mode overrides.  Both modes
+    give the same gradients to a few fp32 roundings; ``recompute`` trades
+    column-pass time for the per-edge memory.  Returns the previous setting.
+    The CPU kernels have one mode only and ignore it."""
+    if mode is not None and mode not in BACKWARD_MODES:
+        raise ValueError(f"'mode' must be one of {', '.join(map(repr, BACKWARD_MODES))} or "
+                         f"None, got {mode!r}")
+    prev = _backward_mode[0]
+    _backward_mode[0] = mode
+    if _C_OPS:
+        _apply_backward_mode(_C_OPS[0])
+    return prev
+
+
+@contextlib.contextmanager
+def backward_mode(mode: Optional[str]):
+    """:func:`set_backward_mode` for the ``with`` block, restored on exit."""
+    prev = set_backward_mode(mode)
+    try:
+        yield
+    finally:
+        set_backward_mode(prev)
 
 
 def _seed_int(seed: Optional[Tensor]) -> int:

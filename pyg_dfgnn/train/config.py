@@ -240,6 +240,12 @@ class TrainConfig:
     precision: str = _f("fp32", ("fp32", "bf16", "fp16"),
                         "fp32; bf16 / fp16 = torch.autocast on the training device (the fused "
                         "attention runs in that dtype), fp16 with a GradScaler")
+    attention_backward: str = _f(
+        "auto", ("auto", "store", "recompute"),
+        "backend=fused on CUDA: the attention backward's column pass; store = keep each "
+        "edge's alpha and dS (fp32, E x heads x 8 bytes while a layer's backward runs), "
+        "recompute = recompute them from the row statistics (no per-edge memory, a slower "
+        "column pass), auto = store unless short of memory (or as PYG_DFGNN_BACKWARD says)")
     compile: CompileConfig = field(default_factory=CompileConfig)
     cuda_graphs: Union[bool, str] = _f(
         False, help="capture the training step and the evaluation forward as CUDA graphs "

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 import yaml
 
 from ..data.cache import atomic_torch_save, atomic_write, short_error
+from ..ops.fused import backward_mode
 from . import distributed as D
 from .config import ConfigError, TrainConfig, check_environment, config_to_dict
 from .metrics import ConfusionCounter, weighted_cross_entropy
@@ -71,7 +72,7 @@ RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_di
                   "device", "name", "eval_test_every", "log.progress", "log.every",
                   "checkpoint.enabled", "data.num_workers", "data.sample_on", "data.prepare_graphs", "data.batcher", "optimizer.implementation",
                   "compile.enabled", "compile.dynamic", "compile.mode", "compile.backend",
-                  "compile.fullgraph", "memory_check")
+                  "compile.fullgraph", "memory_check", "attention_backward")
 
 
 # ----------------------------------------------------------------------------
@@ -1049,6 +1050,7 @@ class _Run:
             "training": {"max_steps_per_epoch": self.cfg.max_steps_per_epoch,
                          "capped": any(h.get("capped") for h in self.history),
                          "precision": self.cfg.precision,
+                         "attention_backward": self.cfg.attention_backward,
                          "autocast_dtype": None if self.amp_dtype is None
                          else str(self.amp_dtype).replace("torch.", ""),
                          "grad_scaler": self.scaler.is_enabled(),
@@ -1098,8 +1100,13 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         _check_resume_config(cfg, ckpt, path)
         resume_ckpt = (ckpt, path)
     dist = D.setup(cfg.device)
+    # the fused backward's column-pass mode for this run (auto: not forced, so
+    # PYG_DFGNN_BACKWARD still applies); restored afterwards
+    mode = None if cfg.backend != "fused" or cfg.attention_backward == "auto" \
+        else cfg.attention_backward
     try:
-        result = _Run(cfg, dist, resume_ckpt).run()
+        with backward_mode(mode):
+            result = _Run(cfg, dist, resume_ckpt).run()
         # every rank finished before the process group goes away: a rank that
         # destroyed its gloo group while the other was still writing the results
         # aborted ("terminate called without an active exception") about 1 run in 10

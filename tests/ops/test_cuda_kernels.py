@@ -186,14 +186,8 @@ def test_backward_keeps_nothing_per_edge(kind, monkeypatch):
     inp = make_inputs(k, N, N, ei.size(1), H, F, torch.float32, "cuda")
     for v in leaves(inp):
         v.requires_grad_(True)
-    out = call(k, g, inp)[0]
-    gout = torch.randn_like(out)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    grads = torch.autograd.grad(out, leaves(inp), gout)
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - before
+    gout = torch.randn(N, H, F, device="cuda")
+    extra, grads = _backward_extra(k, g, inp, gout)
     per_edge_array = ei.size(1) * H * 4
     assert extra < per_edge_array / 4, (
         f"backward allocated {extra / 2**20:.1f} MiB, an [E, H] fp32 array is "
@@ -201,13 +195,46 @@ def test_backward_keeps_nothing_per_edge(kind, monkeypatch):
     assert all(torch.isfinite(x).all() for x in grads)
     # the stored mode does keep the two arrays (the measurement above can see them)
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
+    assert _backward_extra(k, g, inp, gout)[0] >= 2 * per_edge_array
+
+
+def _backward_extra(k, g, inp, gout):
+    """Bytes the backward of one call allocates at its peak, and the gradients."""
     out = call(k, g, inp)[0]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    torch.autograd.grad(out, leaves(inp), gout)
+    grads = torch.autograd.grad(out, leaves(inp), gout)
     torch.cuda.synchronize()
-    assert torch.cuda.max_memory_allocated() - before >= 2 * per_edge_array
+    return torch.cuda.max_memory_allocated() - before, grads
+
+
+def test_forced_backward_mode_overrides_the_env(monkeypatch):
+    """``pyg_dfgnn.ops.backward_mode`` (the training config's
+    ``attention_backward``) forces the mode whatever PYG_DFGNN_BACKWARD says,
+    and ``None`` hands the choice back to it; seen in the per-edge memory."""
+    from pyg_dfgnn.ops import backward_mode
+    N, E, H, F = 1000, 400_000, 8, 8
+    ei = random_graph(N, N, E, generator=torch.Generator().manual_seed(6))
+    k = KINDS["gat"]
+    g = get_graph(ei.cuda(), (N, N))
+    inp = make_inputs(k, N, N, ei.size(1), H, F, torch.float32, "cuda")
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    gout = torch.randn(N, H, F, device="cuda")
+    per_edge_array = E * H * 4
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
+    with backward_mode("recompute"):
+        assert torch.ops.dfgnn_C.get_backward_mode() == 1
+        assert _backward_extra(k, g, inp, gout)[0] < per_edge_array / 4
+        with backward_mode(None):   # not forced: the environment's store
+            assert _backward_extra(k, g, inp, gout)[0] >= 2 * per_edge_array
+    assert torch.ops.dfgnn_C.get_backward_mode() == -1
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "recompute")
+    with backward_mode("store"):
+        assert _backward_extra(k, g, inp, gout)[0] >= 2 * per_edge_array
+    with pytest.raises(RuntimeError, match="backward mode must be"):
+        torch.ops.dfgnn_C.set_backward_mode(5)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

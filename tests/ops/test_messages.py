@@ -116,3 +116,17 @@ def test_agnn_accepts_a_float_beta():
     b = ops.agnn_attention(g, x, torch.tensor([0.7]))[0]
     torch.testing.assert_close(a, b)
 
+
+
+def test_backward_mode_is_checked_and_restored():
+    """``set_backward_mode`` takes the three modes or None (ValueError naming
+    the argument otherwise); the context manager restores the setting."""
+    from pyg_dfgnn.ops import BACKWARD_MODES, backward_mode, set_backward_mode
+    assert BACKWARD_MODES == ("store", "recompute", "auto")
+    with pytest.raises(ValueError, match="'mode' must be one of 'store', 'recompute', 'auto'"):
+        set_backward_mode("fast")
+    with backward_mode("recompute"):
+        with backward_mode("store"):
+            assert set_backward_mode("store") == "store"
+        assert set_backward_mode("recompute") == "recompute"
+    assert set_backward_mode(None) is None

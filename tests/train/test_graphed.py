@@ -846,3 +846,21 @@ def test_replayed_steps_equal_the_eager_padded_steps_on_cuda(model):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     for k in s_e:
         torch.testing.assert_close(s_g[k], s_e[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_attention_backward_value_is_checked(tiny_args, capsys):
+    assert main(tiny_args("attention_backward=fast")) == 2
+    assert "attention_backward" in capsys.readouterr().err
+
+
+def test_attention_backward_is_set_for_the_run_only(tmp_path, tiny_args, monkeypatch):
+    """The run forces the fused backward's mode while it trains (recorded in
+    results.json) and gives the previous setting back."""
+    from pyg_dfgnn.ops import fused
+    seen = []
+    real = fused.set_backward_mode
+    monkeypatch.setattr(fused, "set_backward_mode", lambda m: seen.append(m) or real(m))
+    assert main(tiny_args("attention_backward=recompute", "epochs=1")) == 0
+    assert seen == ["recompute", None]
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["training"]["attention_backward"] == "recompute"
