@@ -198,11 +198,14 @@ std::vector<at::Tensor> attention_bwd(
           back(o.d_edge, orig.edge), back(o.d_att, orig.att)};
 }
 
-// The backward's column-pass mode for the whole process (forced_backward_mode).
-void set_backward_mode(int64_t mode) {
-  TORCH_CHECK(mode >= -1 && mode <= 2, "pyg_dfgnn: the backward mode must be -1 (not forced), "
-              "0 (store), 1 (recompute) or 2 (auto), got ", mode);
-  forced_backward_mode().store(static_cast<int>(mode));
+// The backward's column-pass mode for the whole process (forced_backward_mode):
+// -1 (not forced), 0 (store), 1 (recompute) or 2 (auto).  Returns the previous
+// mode, or -2 for any other value, which changes nothing (the Python caller,
+// pyg_dfgnn.ops.set_backward_mode, raises the ValueError; an exception thrown
+// from this argument-less-dispatch op crashed the process on the H100 build).
+int64_t set_backward_mode(int64_t mode) {
+  if (mode < -1 || mode > 2) return -2;
+  return forced_backward_mode().exchange(static_cast<int>(mode));
 }
 
 int64_t get_backward_mode() { return forced_backward_mode().load(); }
@@ -213,7 +216,7 @@ int64_t get_backward_mode() { return forced_backward_mode().load(); }
 TORCH_LIBRARY(dfgnn_C, m) {
   m.def(DFGNN_ATTENTION_FWD_SCHEMA);
   m.def(DFGNN_ATTENTION_BWD_SCHEMA);
-  m.def("set_backward_mode(int mode) -> ()", &dfgnn::set_backward_mode);
+  m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
   m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
 }
 

@@ -57,7 +57,8 @@ def _ext():
 
 def _apply_backward_mode(ops) -> None:
     mode = _backward_mode[0]
-    ops.set_backward_mode(-1 if mode is None else BACKWARD_MODES.index(mode))
+    if ops.set_backward_mode(-1 if mode is None else BACKWARD_MODES.index(mode)) == -2:
+        raise RuntimeError(f"pyg_dfgnn: the CUDA library refused backward mode {mode!r}")
 
 
 def set_backward_mode(mode: Optional[str]) -> Optional[str]:

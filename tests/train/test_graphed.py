@@ -864,3 +864,46 @@ def test_attention_backward_is_set_for_the_run_only(tmp_path, tiny_args, monkeyp
     assert seen == ["recompute", None]
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     assert res["training"]["attention_backward"] == "recompute"
+
+
+@pytest.mark.parametrize("name", ["gt", "gat"])
+def test_padded_step_saves_no_more_than_the_plain_one(name):
+    """The masked BatchNorm of the padded steps keeps for backward what
+    ``torch.nn.BatchNorm1d`` keeps (its input), plus the ``[N, 1]`` mask and
+    ``[C]`` statistics per norm; with the ELU fused, GAT keeps less than its
+    plain step (no ELU output).  Written as autograd ops it kept three
+    ``[N, C]`` fp32 tensors per norm (here GT saved 36 % more, GAT 33 %)."""
+    from types import SimpleNamespace as NS
+    from pyg_dfgnn.data.sbm import pattern_like_batch
+    from pyg_dfgnn.train.models import build_model
+    common = dict(readout="mlp", batch_norm=True, residual=True, dropout=0.0, in_dropout=0.0,
+                  attn_dropout=0.0)
+    if name == "gt":
+        m = NS(name="gt", layers=3, hidden=32, out_dim=32, heads=4, layer_norm=False,
+               lap_pe=False, lap_pe_dim=2, **common)
+    else:
+        m = NS(name="gat", layers=3, hidden=32, out_dim=32, heads=4, self_loops=True,
+               out_heads=1, **common)
+    torch.manual_seed(0)
+    model = build_model(m, 3, 2, True, "fused")
+    batch = pattern_like_batch(6, seed=0)
+    N = int(batch.num_nodes)
+    x = torch.randint(0, 3, (N,))
+
+    def saved(mask):
+        seen = {}
+
+        def pack(t):
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x, batch.edge_index, node_mask=mask)
+        return sum(seen.values())
+
+    plain, padded = saved(None), saved(torch.ones(N, dtype=torch.bool))
+    norms = sum(isinstance(mod, torch.nn.BatchNorm1d) for mod in model.modules())
+    extra = norms * (N + 4 * 32 + 1) * 4     # mask [N, 1], mean / invstd / weight / bias, cnt
+    assert padded <= plain + extra, (padded, plain, extra)
+    if name == "gat":
+        assert padded < plain
