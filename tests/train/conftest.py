@@ -25,3 +25,18 @@ def tiny_args(tmp_path):
         return ([str(CONFIGS / "pattern_gat_quick.yaml")] + TINY
                 + [f"data.root={tmp_path / 'data'}", f"out_dir={tmp_path / out}"] + list(extra))
     return make
+
+
+def saved_bytes(model, *args, **kwargs) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one
+    ``model(*args, **kwargs)``."""
+    import torch
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(*args, **kwargs)
+    return sum(seen.values())

@@ -13,7 +13,7 @@ import torch
 
 from pyg_dfgnn.train.cli import main
 
-from .conftest import fused_available
+from .conftest import fused_available, saved_bytes
 
 pytestmark = pytest.mark.skipif(not fused_available(), reason="pyg_dfgnn.nn not importable")
 
@@ -890,18 +890,8 @@ def test_padded_step_saves_no_more_than_the_plain_one(name):
     N = int(batch.num_nodes)
     x = torch.randint(0, 3, (N,))
 
-    def saved(mask):
-        seen = {}
-
-        def pack(t):
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(x, batch.edge_index, node_mask=mask)
-        return sum(seen.values())
-
-    plain, padded = saved(None), saved(torch.ones(N, dtype=torch.bool))
+    plain = saved_bytes(model, x, batch.edge_index, node_mask=None)
+    padded = saved_bytes(model, x, batch.edge_index, node_mask=torch.ones(N, dtype=torch.bool))
     norms = sum(isinstance(mod, torch.nn.BatchNorm1d) for mod in model.modules())
     extra = norms * (N + 4 * 32 + 1) * 4     # mask [N, 1], mean / invstd / weight / bias, cnt
     assert padded <= plain + extra, (padded, plain, extra)

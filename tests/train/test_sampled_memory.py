@@ -6,23 +6,10 @@ from pyg_dfgnn.train import memory
 from pyg_dfgnn.train.config import load_config
 from pyg_dfgnn.train.memory import estimate_memory
 
-from .conftest import CONFIGS, fused_available
+from .conftest import CONFIGS, fused_available, saved_bytes
 
 MODELS = [["model.name=gat", "model.readout=conv"], ["model.name=gat"], ["model.name=gt"],
           ["model.name=agnn", "model.hidden=32"]]
-
-
-def _saved_bytes(model, x, edge_index):
-    """Bytes of the distinct storages autograd saves for backward in one forward."""
-    seen = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = s.nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, edge_index)
-    return sum(seen.values())
 
 
 @pytest.mark.skipif(not fused_available(), reason="pyg_dfgnn.nn not importable")
@@ -41,7 +28,7 @@ def test_estimate_matches_saved_activations(backend, model_args):
                              "model.layers=2"] + model_args)
     torch.manual_seed(0)
     m = build_model(cfg.model, F, 5, False, backend)
-    measured = _saved_bytes(m, x, ei)
+    measured = saved_bytes(m, x, ei)
     est = estimate_memory(cfg.model, backend, N, E, F, 5, count_parameters(m))
     saved = est.parts["activations"] + est.parts.get("graph (CSR + transpose)", 0.0)
     assert 1 / 1.5 < measured / saved < 1.5, (measured, est.parts)
