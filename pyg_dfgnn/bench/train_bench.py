@@ -2,7 +2,10 @@
 fused`` vs ``backend: pyg``.
 
 For every entry of ``train.runs`` (a training config: an inline mapping
-and/or ``config: path.yaml``, plus ``overrides:``) and every backend:
+and/or ``config: path.yaml``, a relative path looked up from the working
+directory and then from the package checkout, e.g. the shipped
+``configs/pattern_gt.yaml``; plus ``overrides:``) and every backend; a row's
+``dtype`` is the run's ``precision`` (bf16: ``bfloat16``, autocast):
 
 1. **check** -- the model is built by ``pyg_dfgnn.train.models.build_model``
    once per backend with the same seed (the fused model additionally gets the
@@ -56,10 +59,22 @@ def _imports():
     return load_data, config_from_dict, build_model, BackendError
 
 
+#: the package's checkout: a run's relative ``config:`` path not found from the
+#: working directory is looked up here (``configs/pattern_gt.yaml``)
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: the training config's ``precision`` -> the row's dtype
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
 def _raw_config(run: Dict[str, Any]) -> Dict[str, Any]:
     raw: Dict[str, Any] = {}
     if run.get("config"):
-        raw = load_yaml(run["config"])
+        path = run["config"]
+        if not os.path.isabs(path) and not os.path.exists(path) \
+                and os.path.exists(os.path.join(_ROOT, path)):
+            path = os.path.join(_ROOT, path)
+        raw = load_yaml(path)
     raw = deep_merge(raw, {k: v for k, v in run.items()
                            if k not in ("config", "overrides", "label")})
     return deep_merge(raw, run.get("overrides") or {})
@@ -131,7 +146,10 @@ def run_train(cfg: Dict[str, Any], settings: Settings, device: torch.device, out
             continue
         try:
             raw = _raw_config(run)
-            raw.setdefault("data", {}).setdefault("root", data_root)
+            # the bench's data root unless the run itself names one (a shipped
+            # config's own data.root is the user's training data directory)
+            own = [(m.get("data") or {}).get("root") for m in (run, run.get("overrides") or {})]
+            raw.setdefault("data", {})["root"] = next((r for r in own if r), data_root)
             raw["device"] = str(device)
             tcfg = config_from_dict(raw)
             bundle = load_data(tcfg.data, seed=tcfg.seed, log=lambda *_: None)
@@ -163,9 +181,14 @@ def _bench_run(label, raw, tcfg, bundle, backends, build_model, BackendError,
     m = tcfg.model
     warm = max(int(tc.get("warmup_epochs", 1)), 0)
     epochs = max(int(tc.get("epochs", 3)), 1)
+    amp_dtype = getattr(torch, _DTYPES[tcfg.precision])
     common = dict(graph_kind="train", num_nodes=n_nodes, num_edges=n_edges,
                   heads=getattr(m, "heads", None), channels=getattr(m, "hidden", None),
-                  device=str(device))
+                  device=str(device), dtype=_DTYPES[tcfg.precision])
+
+    def autocast():   # the loop mode's precision (the trainer sets its own)
+        return torch.autocast(device.type, dtype=amp_dtype,
+                              enabled=amp_dtype != torch.float32)
 
     def batches(epoch: int):
         if full:
@@ -231,15 +254,16 @@ def _bench_run(label, raw, tcfg, bundle, backends, build_model, BackendError,
             def train_epoch(epoch: int):
                 model.train()
                 for bt in batches(epoch):
-                    out = _forward(model, bt)
-                    loss = loss_of(out, bt)
+                    with autocast():
+                        out = _forward(model, bt)
+                        loss = loss_of(out.float(), bt)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
 
             def eval_epoch(epoch: int):
                 model.eval()
-                with torch.no_grad():
+                with torch.no_grad(), autocast():
                     for bt in batches(epoch):
                         _forward(model, bt)
 

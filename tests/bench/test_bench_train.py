@@ -59,3 +59,25 @@ def test_training_stack_missing_is_skipped(tmp_path, monkeypatch):
     rows = train_bench.run_train(_cfg("auto"), Settings(), CPU, str(tmp_path))
     assert len(rows) == 2
     assert all(r["status"].startswith("skipped: pyg_dfgnn.train not ready") for r in rows)
+
+
+def test_shipped_config_run_in_bf16(tmp_path, monkeypatch):
+    """A run given as a shipped config file (relative path, found from any
+    working directory) plus overrides: timed by the trainer in the run's
+    precision (the rows say ``bfloat16``), with its data under the bench's
+    output directory rather than the config's own ``data.root``."""
+    monkeypatch.chdir(tmp_path)
+    small = {"data": {"source": "generated", "num_train": 8, "num_val": 2, "num_test": 1},
+             "batch_size": 4, "model": {"hidden": 8, "heads": 2, "layers": 2}}
+    cfg = {"train": {"enabled": True, "mode": "trainer", "backends": ["fused", "pyg"],
+                     "warmup_epochs": 1, "epochs": 1,
+                     "runs": [{"label": "gat_bf16", "config": "configs/pattern_gat_quick.yaml",
+                               "precision": "bf16", "overrides": small}]}}
+    rows = train_bench.run_train(cfg, Settings(), CPU, str(tmp_path / "out"))
+    assert [r["contender"] for r in rows] == ["pyg", "fused"]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["dtype"] == "bfloat16" and "pyg_dfgnn.train.train" in r["note"]
+    assert (tmp_path / "out" / "train_data").is_dir() and not (tmp_path / "data").exists()
+    log = (tmp_path / "out" / "train" / "gat_bf16_fused" / "bench_stdout.log").read_text()
+    assert "precision bf16" in log
