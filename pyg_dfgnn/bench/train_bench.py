@@ -153,6 +153,10 @@ def run_train(cfg: Dict[str, Any], settings: Settings, device: torch.device, out
             raw["device"] = str(device)
             tcfg = config_from_dict(raw)
             bundle = load_data(tcfg.data, seed=tcfg.seed, log=lambda *_: None)
+            if getattr(tcfg.model, "lap_pe", False) and bundle.kind == "graphs":
+                # as the trainer does (the check and loop mode use the training split)
+                from ..data.datasets import add_laplacian_pe
+                bundle.train = add_laplacian_pe(bundle.train, tcfg.model.lap_pe_dim)
         except Exception as e:
             for b in backends:
                 emit(_row(label, "-", b, f"error: {_short(e)}", note="config / data"))

@@ -1,4 +1,5 @@
 """Training-epoch section: both timing modes and the backend logits check."""
+import pytest
 import torch
 
 from pyg_dfgnn.bench import train_bench
@@ -61,23 +62,28 @@ def test_training_stack_missing_is_skipped(tmp_path, monkeypatch):
     assert all(r["status"].startswith("skipped: pyg_dfgnn.train not ready") for r in rows)
 
 
-def test_shipped_config_run_in_bf16(tmp_path, monkeypatch):
+@pytest.mark.parametrize("config,precision", [("pattern_gat_quick", "bf16"),
+                                               ("pattern_gt", "fp32")])
+def test_shipped_config_run(tmp_path, monkeypatch, config, precision):
     """A run given as a shipped config file (relative path, found from any
-    working directory) plus overrides: timed by the trainer in the run's
-    precision (the rows say ``bfloat16``), with its data under the bench's
-    output directory rather than the config's own ``data.root``."""
+    working directory) plus overrides: checked against PyG (GT: with its
+    Laplacian PE) and timed by the trainer in the run's precision (the rows'
+    dtype), with its data under the bench's output directory rather than the
+    config's own ``data.root``."""
     monkeypatch.chdir(tmp_path)
     small = {"data": {"source": "generated", "num_train": 8, "num_val": 2, "num_test": 1},
-             "batch_size": 4, "model": {"hidden": 8, "heads": 2, "layers": 2}}
+             "batch_size": 4, "model": {"hidden": 8, "out_dim": 8, "heads": 2, "layers": 2}}
     cfg = {"train": {"enabled": True, "mode": "trainer", "backends": ["fused", "pyg"],
                      "warmup_epochs": 1, "epochs": 1,
-                     "runs": [{"label": "gat_bf16", "config": "configs/pattern_gat_quick.yaml",
-                               "precision": "bf16", "overrides": small}]}}
+                     "runs": [{"label": "run", "config": f"configs/{config}.yaml",
+                               "precision": precision, "overrides": small}]}}
     rows = train_bench.run_train(cfg, Settings(), CPU, str(tmp_path / "out"))
     assert [r["contender"] for r in rows] == ["pyg", "fused"]
     for r in rows:
         assert r["status"] == "ok", r
-        assert r["dtype"] == "bfloat16" and "pyg_dfgnn.train.train" in r["note"]
+        assert r["dtype"] == {"bf16": "bfloat16", "fp32": "float32"}[precision]
+        assert "pyg_dfgnn.train.train" in r["note"]
+    assert rows[1]["check"] == "pyg" and rows[1]["max_err"] < 1e-4
     assert (tmp_path / "out" / "train_data").is_dir() and not (tmp_path / "data").exists()
-    log = (tmp_path / "out" / "train" / "gat_bf16_fused" / "bench_stdout.log").read_text()
-    assert "precision bf16" in log
+    log = (tmp_path / "out" / "train" / "run_fused" / "bench_stdout.log").read_text()
+    assert f"precision {precision}" in log or precision == "fp32"
