@@ -897,3 +897,23 @@ def test_padded_step_saves_no_more_than_the_plain_one(name):
     assert padded <= plain + extra, (padded, plain, extra)
     if name == "gat":
         assert padded < plain
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_runs_in_one_process_share_the_side_stream(tiny_args):
+    """Graphed runs one after another in a process (a sweep, ``dfgnn bench``'s
+    training section) use the process's one side stream per device, so no run
+    leaves a cuBLAS workspace (32-65 MiB) allocated behind it; measured
+    before: +65 MiB of allocated memory per run."""
+    from pyg_dfgnn.train import graphed
+    args = ("cuda_graphs=true", "device=cuda", "backend=fused", "epochs=1",
+            "model.dropout=0.0", "checkpoint.enabled=false")
+    assert main(tiny_args(*args, out="a")) == 0
+    torch.cuda.synchronize()
+    first, streams = torch.cuda.memory_allocated(), dict(graphed._SIDE_STREAMS)
+    assert len(streams) == 1
+    assert main(tiny_args(*args, out="b")) == 0
+    torch.cuda.synchronize()
+    assert graphed._SIDE_STREAMS == streams
+    assert torch.cuda.memory_allocated() - first < 16 * 2**20
