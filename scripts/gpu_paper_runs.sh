@@ -8,6 +8,8 @@
 #   PART=gt_pyg : PATTERN GT pyg, same seed, EPOCHS epochs
 #   PART=gat500k : PATTERN GAT 500k (L=16, configs/pattern_gat_500k.yaml), fused,
 #              cuda_graphs auto, for MINUTES (checkpoints in OUTDIR/gat500k_fused; RESUME as for gt)
+#   PART=gat500k_pair : the same model, same seed, EPOCHS epochs with backend=pyg and then
+#              backend=fused (the learning curves of both in one call)
 # Writes OUTDIR/runs.tar.gz (results.json + train.log of each run) and summary.txt.
 set -u
 OUT=${1:?}; PART=${2:?}; MIN=${3:-5}
@@ -40,6 +42,10 @@ gt)
 gat500k)
   run gat500k_fused pattern_gat_500k.yaml backend=fused time_limit_min=$MIN \
     data.root=/tmp/dfgnn_data log.progress=false checkpoint.enabled=true ${RESUME:+resume=$RESUME}
+  ;;
+gat500k_pair)
+  run gat500k_pyg pattern_gat_500k.yaml backend=pyg epochs=${EPOCHS:-10} $COMMON
+  run gat500k_fused_short pattern_gat_500k.yaml backend=fused epochs=${EPOCHS:-10} $COMMON
   ;;
 gt_pyg)
   run pattern_gt_pyg pattern_gt.yaml backend=pyg epochs=${EPOCHS:-8} $COMMON
