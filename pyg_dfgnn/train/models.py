@@ -127,24 +127,23 @@ class _MaskedBatchNorm(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy, _dmean, _dvar):
         # y_i = w xh_i + b with xh_i = (x_i - mean) s: the statistics come from
-        # the masked rows only but act on every row, so with g = w dy
-        # dx_j = s (g_j - m_j / n (sum_i g_i + xh_j sum_i g_i xh_i))
+        # the masked rows only but act on every row, so with g = dy (the
+        # gradient at y before the affine weight) and per-column sums that are
+        # also d bias and d weight:
+        # dx_j = w s (g_j - m_j / n (sum_i g_i + xh_j sum_i g_i xh_i))
         x, m, cnt, mean, invstd, weight, bias = ctx.saved_tensors
         xh = (x.to(mean.dtype) - mean) * invstd
         g = dy.to(mean.dtype)
         if ctx.elu:   # ELU'(z) = 1 for z > 0, exp(z) otherwise, z the norm's output
             z = xh if weight is None else xh * weight + bias
             g = torch.where(z > 0, g, g * torch.exp(z))
-        dw = db = None
-        if weight is not None:
-            if ctx.needs_input_grad[2]:
-                dw = (g * xh).sum(0)
-            if ctx.needs_input_grad[3]:
-                db = g.sum(0)
-            g = g * weight
+        sum_g, sum_gx = g.sum(0), (g * xh).sum(0)
+        dw = sum_gx if weight is not None and ctx.needs_input_grad[2] else None
+        db = sum_g if weight is not None and ctx.needs_input_grad[3] else None
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = ((g - m / cnt * (g.sum(0) + xh * (g * xh).sum(0))) * invstd).to(x.dtype)
+            scale = invstd if weight is None else invstd * weight
+            dx = ((g - m / cnt * (sum_g + xh * sum_gx)) * scale).to(x.dtype)
         return dx, None, dw, db, None, None
 
 
