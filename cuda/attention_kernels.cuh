@@ -57,9 +57,33 @@ constexpr int kThreads = 256;
 #ifndef DFGNN_COL_BLOCKS
 #define DFGNN_COL_BLOCKS 0
 #endif
-template <int KIND> constexpr int kFwdBlocks = DFGNN_FWD_BLOCKS ? DFGNN_FWD_BLOCKS : 3;
-template <int KIND> constexpr int kRowBlocks = DFGNN_ROW_BLOCKS ? DFGNN_ROW_BLOCKS : 2;
-template <int KIND> constexpr int kColBlocks = DFGNN_COL_BLOCKS ? DFGNN_COL_BLOCKS : 2;
+// fp16 / bf16 kernels hold their gathered rows packed (Packed: half the
+// registers of fp32 tiles), which buys them more resident blocks without
+// spills: measured on an H100 (docs/KERNELS.md, session 11) against the fp32
+// counts, 4 forward blocks (64 registers) for GAT and dot, 3 row-pass blocks
+// (80) for GAT and dot, 3 column-pass blocks for all (stored mode; the
+// recomputing one spilled 104-160 B at 80 registers and keeps 2): bf16 row
+// pass up to -34 %, column pass -10 to -25 %.  GATv2 keeps 3 / 2 (its z tiles
+// spilled 276-292 B at 80 registers and measured slower).  DFGNN_HALF_*_BLOCKS
+// override them for tuning (0 = these defaults).
+#ifndef DFGNN_HALF_FWD_BLOCKS
+#define DFGNN_HALF_FWD_BLOCKS 0
+#endif
+#ifndef DFGNN_HALF_ROW_BLOCKS
+#define DFGNN_HALF_ROW_BLOCKS 0
+#endif
+#ifndef DFGNN_HALF_COL_BLOCKS
+#define DFGNN_HALF_COL_BLOCKS 0
+#endif
+constexpr int blocks_for(bool is_half, int half_forced, int half_dflt, int forced, int dflt) {
+  return is_half ? (half_forced ? half_forced : half_dflt) : (forced ? forced : dflt);
+}
+template <int KIND, typename T> constexpr int kFwdBlocks = blocks_for(
+    sizeof(T) == 2, DFGNN_HALF_FWD_BLOCKS, KIND == GATV2 ? 3 : 4, DFGNN_FWD_BLOCKS, 3);
+template <int KIND, typename T> constexpr int kRowBlocks = blocks_for(
+    sizeof(T) == 2, DFGNN_HALF_ROW_BLOCKS, KIND == GATV2 ? 2 : 3, DFGNN_ROW_BLOCKS, 2);
+template <int KIND, typename T, bool RECOMPUTE> constexpr int kColBlocks = blocks_for(
+    sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS, RECOMPUTE ? 2 : 3, DFGNN_COL_BLOCKS, 2);
 constexpr int kMaxChunks = 2;  // feature chunks per lane per tile (registers)
 // Chunks per lane for a vector width: at most 8 fp32 registers per tile, so
 // 16-byte fp16/bf16 vectors (8 elements) take one chunk, float4 two.
@@ -310,6 +334,60 @@ __device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
   return s;
 }
 
+// Packed tiles: a gathered row tile kept as loaded, VEC elements of T per
+// chunk in raw vector registers, converted to fp32 where it is used.  For
+// fp32 this is the same registers as a float tile; for fp16 / bf16 it is half,
+// which the edge batches spend on more edges in flight (kBatch): the kernels
+// are latency-bound gathers (docs/KERNELS.md, session 7), and a float tile of
+// converted half-precision elements made bf16 batches as costly in registers
+// as fp32 ones while moving half the bytes.
+template <typename T, int VEC>
+struct Packed {
+  using R = typename RawVec<sizeof(T) * VEC>::type;
+  R r[kChunks<VEC>];
+  __device__ __forceinline__ float at(int c, int k) const {
+    return to_f(reinterpret_cast<const T*>(&r[c])[k]);
+  }
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_packed(const Feat<VEC>& ft, const T* __restrict__ row,
+                                            Packed<T, VEC>& x) {
+  using R = typename Packed<T, VEC>::R;
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c) {
+    if (ft.f[c] >= 0) x.r[c] = __ldg(reinterpret_cast<const R*>(row + ft.f[c]));
+    else x.r[c] = R{};   // zero bits: 0.0 in every element type
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void zero_packed(Packed<T, VEC>& x) {
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c) x.r[c] = typename Packed<T, VEC>::R{};
+}
+
+// The fp32 tile of a packed one (plus an fp32 tile `add`, e.g. the edge term).
+template <typename T, int VEC>
+__device__ __forceinline__ void unpack(const Packed<T, VEC>& x, float (&y)[kChunks<VEC>][VEC]) {
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) y[c][k] = x.at(c, k);
+}
+
+// Lane partial of <x, y> with y packed.
+template <typename T, int VEC>
+__device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
+                                          const Packed<T, VEC>& y) {
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) s += x[c][k] * y.at(c, k);
+  return s;
+}
+
 // ------------------------------------------------------------ edge batches
 // A group walks its edge range in batches of kBatch edges.  Every lane of the
 // group loads the same indices (one broadcast transaction) and its slice of
@@ -322,10 +400,19 @@ __device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
 // flight per group; measured on an H200 against 4 edges at 2 blocks
 // (docs/KERNELS.md, session 7): dot forward bf16 -22%, GATv2 forward -14%
 // (fp32) / -27% (bf16), backward row pass -4 to -13%.  (8 spilled.)
+// fp16 / bf16 batches hold their rows packed (Packed: half the registers of
+// fp32 tiles).  Spending that on 4 edges per batch spilled (ptxas: 136-196 B
+// in the forward) and was slower than 2 on an H100 (session 11: bf16 forward
+// -11 %, row pass -5 % with 2), so the packing buys fewer registers and no
+// spills at the same batch; DFGNN_HALF_BATCH stays a tunable.
 #ifndef DFGNN_BATCH
 #define DFGNN_BATCH 2
 #endif
-template <int KIND> constexpr int kBatch = DFGNN_BATCH;
+#ifndef DFGNN_HALF_BATCH
+#define DFGNN_HALF_BATCH 2
+#endif
+template <int KIND, typename T> constexpr int kBatch =
+    sizeof(T) == 2 ? DFGNN_HALF_BATCH : DFGNN_BATCH;
 // Edges per batch of the column pass, which gathers two rows per edge (dO_i
 // and q_i / x_dst_i) except for GAT (dO_i only).  Recomputing alpha and dS
 // holds more per edge: 4 edges spilled 232-340 B for dot (ptxas); GATv2's z
@@ -333,9 +420,16 @@ template <int KIND> constexpr int kBatch = DFGNN_BATCH;
 #ifndef DFGNN_COL_BATCH
 #define DFGNN_COL_BATCH 0
 #endif
-template <int KIND, bool RECOMPUTE> constexpr int kColBatch =
-    DFGNN_COL_BATCH ? DFGNN_COL_BATCH
-                    : (KIND == GAT ? (RECOMPUTE ? 4 : 8) : (KIND == DOT && !RECOMPUTE ? 4 : 2));
+// fp16 / bf16 hold the gathered rows packed (half the registers); a tunable
+// DFGNN_HALF_COL_SCALE multiplies their column batch (2 was 4-11 % slower on
+// PATTERN batches on an H100, session 11, and spilled in recompute mode).
+#ifndef DFGNN_HALF_COL_SCALE
+#define DFGNN_HALF_COL_SCALE 1
+#endif
+template <int KIND, bool RECOMPUTE, typename T> constexpr int kColBatch =
+    (DFGNN_COL_BATCH ? DFGNN_COL_BATCH
+                     : (KIND == GAT ? (RECOMPUTE ? 4 : 8) : (KIND == DOT && !RECOMPUTE ? 4 : 2))) *
+    (sizeof(T) == 2 ? DFGNN_HALF_COL_SCALE : 1);
 
 // The edge term's tile of original edge eo (zeros without edge features or
 // past the batch's end).
@@ -366,58 +460,73 @@ __device__ __forceinline__ void load_row_ops(const Params<T, I>& p, const Feat<V
   }
 }
 
-// One batch of edges at CSR positions base .. base + n - 1 of a row.
-template <int KIND, typename I, int VEC>
+// One batch of edges at CSR positions base .. base + n - 1 of a row.  The
+// gathered rows stay packed (the edge term e_ij of dot attention, which is
+// added to keys and values, is loaded where it is used: dot_row / value_row).
+template <int KIND, typename T, typename I, int VEC>
 struct Batch {
+  static constexpr int B = kBatch<KIND, T>;
   int n;
   int64_t base;                  // CSR position of edge 0 (edge t: base + t)
-  I j[kBatch<KIND>], eo[kBatch<KIND>];       // sources and original edge ids
-  float v[kBatch<KIND>][kChunks<VEC>][VEC];                       // value rows (+ e_ij for dot)
-  float k[KIND == DOT ? kBatch<KIND> : 1][kChunks<VEC>][VEC];     // key rows (+ e_ij), dot only
-  float s[kBatch<KIND>], z[kBatch<KIND>];                             // scores (GAT: and z)
-  float dP[kBatch<KIND>];                                             // backward: <dO_i, v_j>
+  I j[B], eo[B];                 // sources and original edge ids
+  Packed<T, VEC> v[B];                   // value rows
+  Packed<T, VEC> k[KIND == DOT ? B : 1];  // key rows, dot only
+  float s[B], z[B];              // scores (GAT: and z)
+  float dP[B];                   // backward: <dO_i, v_j>
 };
+
+// Lane partial of <x, row (+ e_ij)> for a packed gathered row; the edge term
+// only for dot attention with edge features (e_ij added to keys and values).
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ float dot_row(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
+                                         int64_t eo, bool ok, const float (&x)[kChunks<VEC>][VEC],
+                                         const Packed<T, VEC>& row) {
+  if (KIND == DOT && p.edge && ok) {
+    float e[kChunks<VEC>][VEC];
+    load_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, e);
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c)
+#pragma unroll
+      for (int q = 0; q < VEC; ++q) s += x[c][q] * (row.at(c, q) + e[c][q]);
+    return s;
+  }
+  return tile_dot<T, VEC>(x, row);
+}
+
+// The fp32 value row (+ e_ij for dot attention with edge features).
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ void value_row(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
+                                          int64_t eo, bool ok, const Packed<T, VEC>& row,
+                                          float (&v)[kChunks<VEC>][VEC]) {
+  unpack<T, VEC>(row, v);
+  if (KIND == DOT && p.edge && ok) add_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, v);
+}
 
 // VALUES = false skips the value rows where the score does not need them
 // (the attention-weight pass).
 template <int KIND, typename T, typename I, int VEC, bool VALUES = true>
 __device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
                                            int64_t base, int64_t end, bool need_eo,
-                                           Batch<KIND, I, VEC>& b) {
-  b.n = (int)imin(kBatch<KIND>, end - base);
+                                           Batch<KIND, T, I, VEC>& b) {
+  constexpr int B = Batch<KIND, T, I, VEC>::B;
+  b.n = (int)imin(B, end - base);
   b.base = base;
 #pragma unroll
-  for (int t = 0; t < kBatch<KIND>; ++t) {
+  for (int t = 0; t < B; ++t) {
     const bool ok = t < b.n;
     b.j[t] = ok ? p.col[base + t] : I(0);
     b.eo[t] = (ok && need_eo) ? (p.perm ? p.perm[base + t] : I(base + t)) : I(0);
   }
 #pragma unroll
-  for (int t = 0; t < kBatch<KIND>; ++t) {
+  for (int t = 0; t < B; ++t) {
     const bool ok = t < b.n;
     const int64_t off = ((int64_t)b.j[t] * p.H + h) * p.F;
-    if (ok && (VALUES || KIND == GATV2)) load_tile<T, VEC>(ft, p.val + off, b.v[t]);
-    else zero_tile<VEC>(b.v[t]);
+    if (ok && (VALUES || KIND == GATV2)) load_packed<T, VEC>(ft, p.val + off, b.v[t]);
+    else zero_packed<T, VEC>(b.v[t]);
     if constexpr (KIND == DOT) {
-      if (ok) load_tile<T, VEC>(ft, p.src + off, b.k[t]);
-      else zero_tile<VEC>(b.k[t]);
-    }
-  }
-  if constexpr (KIND == DOT) {
-    if (p.edge) {  // e_ij is added to the key and to the value
-#pragma unroll
-      for (int t = 0; t < kBatch<KIND>; ++t) {
-        if (t >= b.n) continue;
-        float x[kChunks<VEC>][VEC];
-        load_tile<T, VEC>(ft, p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F, x);
-#pragma unroll
-        for (int c = 0; c < kChunks<VEC>; ++c)
-#pragma unroll
-          for (int q = 0; q < VEC; ++q) {
-            b.v[t][c][q] += x[c][q];
-            b.k[t][c][q] += x[c][q];
-          }
-      }
+      if (ok) load_packed<T, VEC>(ft, p.src + off, b.k[t]);
+      else zero_packed<T, VEC>(b.k[t]);
     }
   }
 }
@@ -426,10 +535,11 @@ __device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC
 template <int KIND, typename T, typename I, int VEC>
 __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group& g,
                                              const Feat<VEC>& ft, int64_t row, int64_t h,
-                                             const RowOps<KIND, VEC>& r, Batch<KIND, I, VEC>& b) {
-  float part[kBatch<KIND>];
+                                             const RowOps<KIND, VEC>& r, Batch<KIND, T, I, VEC>& b) {
+  constexpr int B = Batch<KIND, T, I, VEC>::B;
+  float part[B];
 #pragma unroll
-  for (int t = 0; t < kBatch<KIND>; ++t) {
+  for (int t = 0; t < B; ++t) {
     part[t] = 0.f;
     b.z[t] = 0.f;
     if constexpr (KIND == GAT) {
@@ -439,7 +549,7 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
         b.z[t] = z;
       }
     } else if constexpr (KIND == DOT) {
-      part[t] = tile_dot<VEC>(r.xi, b.k[t]);
+      part[t] = dot_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], t < b.n, r.xi, b.k[t]);
     } else {  // GATV2: the score operand is x_src_j (+ x_edge), the value x_src_j
       float ev[kChunks<VEC>][VEC];
       edge_tile<T, I, VEC>(p, ft, h, b.eo[t], t < b.n, ev);
@@ -447,7 +557,7 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
       for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
         for (int q = 0; q < VEC; ++q)
-          part[t] += r.at[c][q] * leaky(r.xi[c][q] + b.v[t][c][q] + ev[c][q], p.slope);
+          part[t] += r.at[c][q] * leaky(r.xi[c][q] + b.v[t].at(c, q) + ev[c][q], p.slope);
     }
     if (KIND != GAT && ft.wide && t < b.n) {
       const int64_t F = p.F;
@@ -459,7 +569,7 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
     }
   }
 #pragma unroll
-  for (int t = 0; t < kBatch<KIND>; ++t) {
+  for (int t = 0; t < B; ++t) {
     float s;
     if constexpr (KIND == GAT) s = leaky(b.z[t], p.slope);
     else s = g.sum(part[t]) * (KIND == DOT ? p.scale : 1.f);
@@ -471,10 +581,11 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
 template <int KIND, typename T, typename I, int VEC>
 __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, const Feat<VEC>& ft,
                                          int64_t h, const float (&dO)[kChunks<VEC>][VEC],
-                                         const T* dO_row, Batch<KIND, I, VEC>& b) {
+                                         const T* dO_row, Batch<KIND, T, I, VEC>& b) {
+  constexpr int B = Batch<KIND, T, I, VEC>::B;
 #pragma unroll
-  for (int t = 0; t < kBatch<KIND>; ++t) {
-    float part = tile_dot<VEC>(dO, b.v[t]);
+  for (int t = 0; t < B; ++t) {
+    float part = dot_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], t < b.n, dO, b.v[t]);
     if (ft.wide && t < b.n) {
       const T* e = (KIND == DOT && p.edge) ? p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F : nullptr;
       part += pair_part<false, T, VEC>(g, dO_row, p.val + ((int64_t)b.j[t] * p.H + h) * p.F, e, nullptr,
@@ -483,7 +594,7 @@ __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, 
     b.dP[t] = part;
   }
 #pragma unroll
-  for (int t = 0; t < kBatch<KIND>; ++t) b.dP[t] = g.sum(b.dP[t]);
+  for (int t = 0; t < B; ++t) b.dP[t] = g.sum(b.dP[t]);
 }
 
 // One batch of the backward row pass: indices, rows, scores and dP.
@@ -492,7 +603,7 @@ __device__ __forceinline__ void bwd_batch(const Params<T, I>& p, const Group& g,
                                           const Feat<VEC>& ft, const Item& it,
                                           const RowOps<KIND, VEC>& r,
                                           const float (&dO)[kChunks<VEC>][VEC], const T* dO_row,
-                                          int64_t base, Batch<KIND, I, VEC>& b) {
+                                          int64_t base, Batch<KIND, T, I, VEC>& b) {
   load_batch<KIND, T, I, VEC>(p, ft, it.h, base, it.end, p.edge != nullptr, b);
   batch_scores<KIND, T, I, VEC>(p, g, ft, it.row, it.h, r, b);
   batch_dP<KIND, T, I, VEC>(p, g, ft, it.h, dO, dO_row, b);
@@ -600,25 +711,29 @@ __device__ __forceinline__ void fwd_group_edges(const Params<T, I>& p, const Gro
                                                 const Feat<VEC>& ft, const Item& it,
                                                 const RowOps<KIND, VEC>& r, Softmax<VEC>& sm) {
   const int64_t h = it.h;
-  for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
-    Batch<KIND, I, VEC> b;
+  using Bt = Batch<KIND, T, I, VEC>;
+  for (int64_t base = it.begin; base < it.end; base += Bt::B) {
+    Bt b;
     load_batch<KIND, T, I, VEC>(p, ft, h, base, it.end, p.edge != nullptr, b);
     batch_scores<KIND, T, I, VEC>(p, g, ft, it.row, h, r, b);
     float mx = sm.m;
 #pragma unroll
-    for (int t = 0; t < kBatch<KIND>; ++t) mx = fmaxf(mx, b.s[t]);
+    for (int t = 0; t < Bt::B; ++t) mx = fmaxf(mx, b.s[t]);
     sm.rescale(mx);
 #pragma unroll
-    for (int t = 0; t < kBatch<KIND>; ++t) {
-      const float pe = t < b.n ? expf(b.s[t] - sm.m) : 0.f;
+    for (int t = 0; t < Bt::B; ++t) {
+      const bool ok = t < b.n;
+      const float pe = ok ? expf(b.s[t] - sm.m) : 0.f;
       sm.l += pe;
-      sm.add(pe * keep_factor(p.drop_p, p.seed, b.base + t, p.H, h), b.v[t]);
+      float v[kChunks<VEC>][VEC];
+      value_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], ok, b.v[t], v);
+      sm.add(pe * keep_factor(p.drop_p, p.seed, b.base + t, p.H, h), v);
     }
   }
 }
 
 template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads, kFwdBlocks<KIND>) fwd_kernel(const Params<T, I> p) {
+__global__ void __launch_bounds__(kThreads, kFwdBlocks<KIND, T>) fwd_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.rowptr, it)) return;
@@ -671,12 +786,13 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
   RowOps<KIND, VEC> r;
   load_row_ops<KIND, T, I, VEC>(p, ft, row, h, r);
   const float m = p.lse[row * p.H + h], logl = p.lse_l[row * p.H + h];
-  for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
-    Batch<KIND, I, VEC> b;
+  using Bt = Batch<KIND, T, I, VEC>;
+  for (int64_t base = it.begin; base < it.end; base += Bt::B) {
+    Bt b;
     load_batch<KIND, T, I, VEC, false>(p, ft, h, base, it.end, true, b);
     batch_scores<KIND, T, I, VEC>(p, g, ft, row, h, r, b);
 #pragma unroll
-    for (int t = 0; t < kBatch<KIND>; ++t)
+    for (int t = 0; t < Bt::B; ++t)
       if (t < b.n && g.lg == (t & (g.G - 1)))
         p.alpha[b.eo[t] * p.H + h] =
             from_f<T>(expf((b.s[t] - m) - logl) * keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h));
@@ -711,7 +827,7 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
 // Exact in exact arithmetic; split rows keep the identity (their segments'
 // sums add up to the row's).
 template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(const Params<T, I> p) {
+__global__ void __launch_bounds__(kThreads, kRowBlocks<KIND, T>) bwd_row_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.rowptr, it)) return;
@@ -758,11 +874,12 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(con
     for (int k = 0; k < VEC; ++k) acc[c][k] = acc2[c][k] = 0.f;
   float delta_exact = 0.f, amax = 0.f, dmax = 0.f;
 
-  for (int64_t base = it.begin; base < it.end; base += kBatch<KIND>) {
-    Batch<KIND, I, VEC> b;
+  using Bt = Batch<KIND, T, I, VEC>;
+  for (int64_t base = it.begin; base < it.end; base += Bt::B) {
+    Bt b;
     bwd_batch<KIND, T, I, VEC>(p, g, ft, it, r, dO, dO_row, base, b);
 #pragma unroll
-    for (int t = 0; t < kBatch<KIND>; ++t) {
+    for (int t = 0; t < Bt::B; ++t) {
       const bool ok = t < b.n;
       const float alpha = ok ? expf((b.s[t] - m) - logl) : 0.f;
       const float kf = ok ? keep_factor(p.drop_p, p.seed, (b.base + t), p.H, h) : 0.f;
@@ -786,10 +903,12 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(con
       if constexpr (KIND == GAT) {
         gacc += gv - dS;  // sum_j dS_ij (LeakyReLU'(z_ij) - 1): see "Centred row sums"
       } else if constexpr (KIND == DOT) {
+        float kk[kChunks<VEC>][VEC];
+        value_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], ok, b.k[t], kk);   // k_j (+ e_ij)
 #pragma unroll
         for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) acc[c][k] += gv * b.k[t][c][k];
+          for (int k = 0; k < VEC; ++k) acc[c][k] += gv * kk[c][k];
         if (p.d_edge && ok) {
           float dv[kChunks<VEC>][VEC];
 #pragma unroll
@@ -805,7 +924,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(con
         for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            const float zz = r.xi[c][k] + b.v[t][c][k] + ev[c][k];
+            const float zz = r.xi[c][k] + b.v[t].at(c, k) + ev[c][k];
             dv[c][k] = gv * r.at[c][k] * dleaky(zz, p.slope);
             acc[c][k] += dv[c][k] - gv * r.at[c][k];  // centred: * (LeakyReLU' - 1)
             acc2[c][k] += gv * leaky(zz, p.slope);
@@ -874,8 +993,8 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND>) bwd_row_kernel(con
 // rows over all features: a launch column adds the features outside its tile
 // from memory (`wide`), as the row pass does.
 template <int KIND, typename T, typename I, int VEC, bool RECOMPUTE>
-__global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(const Params<T, I> p) {
-  constexpr int B = kColBatch<KIND, RECOMPUTE>;
+__global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, RECOMPUTE>) bwd_col_kernel(const Params<T, I> p) {
+  constexpr int B = kColBatch<KIND, RECOMPUTE, T>;
   constexpr int NC = kChunks<VEC>;
   const Group g(p.G);
   Item it;
@@ -933,16 +1052,17 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
         }
       }
     }
-    float o[B][NC][VEC], x[KIND == GAT ? 1 : B][NC][VEC];
+    // the destination rows dO_i and q_i / x_dst_i, packed (Packed)
+    Packed<T, VEC> o[B], x[KIND == GAT ? 1 : B];
 #pragma unroll
     for (int t = 0; t < B; ++t) {
       const bool ok = t < n;
       const int64_t off = ((int64_t)i[t] * H + h) * F;
-      if (ok) load_tile<T, VEC>(ft, p.dout + off, o[t]);
-      else zero_tile<VEC>(o[t]);
+      if (ok) load_packed<T, VEC>(ft, p.dout + off, o[t]);
+      else zero_packed<T, VEC>(o[t]);
       if constexpr (KIND != GAT) {
-        if (ok) load_tile<T, VEC>(ft, p.dst + off, x[t]);
-        else zero_tile<VEC>(x[t]);
+        if (ok) load_packed<T, VEC>(ft, p.dst + off, x[t]);
+        else zero_packed<T, VEC>(x[t]);
       }
     }
     // lane partials of the score (vector kinds) and of dP = <dO_i, v_j (+ e_ij, dot)>,
@@ -953,8 +1073,8 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
       const bool ok = t < n;
       sp[t] = dp[t] = 0.f;
       if constexpr (KIND == GAT) {
-        if constexpr (RECOMPUTE) dp[t] = tile_dot<VEC>(o[t], vj);
-      } else if constexpr (RECOMPUTE || KIND == GATV2) {
+        if constexpr (RECOMPUTE) dp[t] = tile_dot<T, VEC>(vj, o[t]);
+      } else if constexpr (RECOMPUTE) {
         float ev[NC][VEC];
         edge_tile<T, I, VEC>(p, ft, h, eo[t], ok, ev);
         if constexpr (KIND == DOT) {
@@ -966,17 +1086,15 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
               kk[c][q] = p.edge ? kj[c][q] + ev[c][q] : kj[c][q];
               vv[c][q] = p.edge ? vj[c][q] + ev[c][q] : vj[c][q];
             }
-          sp[t] = tile_dot<VEC>(x[t], kk);
-          dp[t] = tile_dot<VEC>(o[t], vv);
-        } else {  // GATV2: x[t] becomes z_ij = x_dst_i + x_src_j + e_ij
+          sp[t] = tile_dot<T, VEC>(kk, x[t]);
+          dp[t] = tile_dot<T, VEC>(vv, o[t]);
+        } else {  // GATV2: z_ij = x_dst_i + x_src_j + e_ij
 #pragma unroll
           for (int c = 0; c < NC; ++c)
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) {
-              x[t][c][q] = x[t][c][q] + vj[c][q] + ev[c][q];
-              if (RECOMPUTE) sp[t] += at[c][q] * leaky(x[t][c][q], p.slope);
-            }
-          if (RECOMPUTE) dp[t] = tile_dot<VEC>(o[t], vj);
+            for (int q = 0; q < VEC; ++q)
+              sp[t] += at[c][q] * leaky(x[t].at(c, q) + vj[c][q] + ev[c][q], p.slope);
+          dp[t] = tile_dot<T, VEC>(vj, o[t]);
         }
       }
       if (RECOMPUTE && ft.wide && ok) {
@@ -1016,13 +1134,16 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND>) bwd_col_kernel(con
         pdv = alpha * kf;
       }
       gacc += gv;
+      float ev[KIND == GATV2 ? NC : 1][VEC];   // GATv2's z_ij needs e_ij again
+      if constexpr (KIND == GATV2) edge_tile<T, I, VEC>(p, ft, h, eo[t], t < n, ev);
 #pragma unroll
       for (int c = 0; c < NC; ++c)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          dv[c][k] += pdv * o[t][c][k];
-          if constexpr (KIND == DOT) dk[c][k] += gv * x[t][c][k];
-          if constexpr (KIND == GATV2) dk[c][k] += gv * at[c][k] * dleaky(x[t][c][k], p.slope);
+          dv[c][k] += pdv * o[t].at(c, k);
+          if constexpr (KIND == DOT) dk[c][k] += gv * x[t].at(c, k);
+          if constexpr (KIND == GATV2)
+            dk[c][k] += gv * at[c][k] * dleaky(x[t].at(c, k) + vj[c][k] + ev[c][k], p.slope);
         }
     }
   }
