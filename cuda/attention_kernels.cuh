@@ -78,10 +78,18 @@ constexpr int kThreads = 256;
 constexpr int blocks_for(bool is_half, int half_forced, int half_dflt, int forced, int dflt) {
   return is_half ? (half_forced ? half_forced : half_dflt) : (forced ? forced : dflt);
 }
-template <int KIND, typename T> constexpr int kFwdBlocks = blocks_for(
-    sizeof(T) == 2, DFGNN_HALF_FWD_BLOCKS, KIND == GATV2 ? 3 : 4, DFGNN_FWD_BLOCKS, 3);
-template <int KIND, typename T> constexpr int kRowBlocks = blocks_for(
-    sizeof(T) == 2, DFGNN_HALF_ROW_BLOCKS, KIND == GATV2 ? 2 : 3, DFGNN_ROW_BLOCKS, 2);
+// GAT holds no key/value batch in its forward (lane-per-edge chunks) and one
+// scalar score per edge in its row pass: in fp32 too it fits 4 forward blocks
+// (64 registers, 0-16 B of spills) and 3 row-pass blocks (70-76 registers, no
+// spills); measured on an H100 (session 11): fp32 forward -1 to -12 %, row pass
+// -17 to -23 %.  Dot and GATv2 in fp32 were 10-40 % slower so on a 100k-node
+// graph (spills) and keep 3 / 2.
+template <int KIND, typename T> constexpr int kFwdBlocks =
+    blocks_for(sizeof(T) == 2, DFGNN_HALF_FWD_BLOCKS, KIND == GATV2 ? 3 : 4, DFGNN_FWD_BLOCKS,
+               KIND == GAT ? 4 : 3);
+template <int KIND, typename T> constexpr int kRowBlocks =
+    blocks_for(sizeof(T) == 2, DFGNN_HALF_ROW_BLOCKS, KIND == GATV2 ? 2 : 3, DFGNN_ROW_BLOCKS,
+               KIND == GAT ? 3 : 2);
 template <int KIND, typename T, bool RECOMPUTE> constexpr int kColBlocks = blocks_for(
     sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS, RECOMPUTE ? 2 : 3, DFGNN_COL_BLOCKS, 2);
 constexpr int kMaxChunks = 2;  // feature chunks per lane per tile (registers)
