@@ -10,6 +10,9 @@
 #              (';'-separated nvcc flag sets), ratios to base last
 #   sanitize - compute-sanitizer memcheck on the smoke script
 #   bench    - the layer shape x dtype matrix (dfgnn bench, no training)
+#   train    - dfgnn bench's training section alone (the shipped PATTERN paper
+#              configs in fp32 and bf16, fused vs PyG; --graphs cora, whose
+#              files are absent on the device, leaves the layer sections empty)
 # Usage: bash scripts/gpu_session11.sh OUTDIR "tests ab"
 # Logs are written to a work folder and packed into OUTDIR/s11.tgz at the end
 # (the device tool brings back at most 8 files).
@@ -81,5 +84,10 @@ if has bench; then
     --no-train --no-compile --no-plots --contenders fused,pyg \
     --graphs uniform_100k,powerlaw_100k,pattern_128 > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; tail -12 "$OUT/bench.log"
+fi
+if has train; then
+  timeout ${TRAIN_TIMEOUT:-400} python -m pyg_dfgnn bench configs/bench_default.yaml --graphs cora \
+    --no-compile --no-plots --out "$OUT/benchtrain" > "$OUT/benchtrain.log" 2>&1
+  echo "train bench rc=$?"; grep -iE "train|epoch|x " "$OUT/benchtrain.log" | tail -14
 fi
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -112,7 +112,7 @@ def compare(files) -> None:
     ratios = {}
     for key, r0 in base.items():
         name = " ".join(key)
-        for k in ("fwd_kernel", "bwd_row", "bwd_col", "fb_ms", "fwd_ms"):
+        for k in ("fwd_kernel", "bwd_row", "bwd_col", "gpu_fb_ms", "fb_ms", "fwd_ms"):
             v0 = r0["kernels"].get(k) if k.startswith(("fwd_k", "bwd")) else r0.get(k)
             if not v0:
                 continue

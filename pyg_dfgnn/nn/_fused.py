@@ -30,6 +30,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 
 from ..graph import CSRGraph, GraphRef, get_graph, is_sparse_tensor, is_torch_sparse, plain
 from ..ops import SUPPORTED_DTYPES
+from ._glue import add_bias
 
 __all__ = ["FusedAttentionMixin", "Adjacency", "resolve_adjacency", "common_dtype",
            "attention_weights", "check_sparse_loops", "generic_propagate"]
@@ -140,7 +141,7 @@ class FusedAttentionMixin:
         if out.size(-1) != C:
             out = out[..., :C]
             if self.concat and self.bias is not None and res is None:
-                return (out + self.bias.view(H, C)).view(-1, H * C)
+                return add_bias(out, self.bias.view(H, C)).view(-1, H * C)
         if self.concat:
             out = out.reshape(-1, H * C)
         else:
@@ -148,7 +149,7 @@ class FusedAttentionMixin:
         if res is not None:
             out = out + res
         if self.bias is not None:
-            out = out + self.bias
+            out = add_bias(out, self.bias)   # GEMV bias gradient (nn/_glue.py)
         return out
 
     @property

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..schedule import padded_width
+from ._glue import apply_linear, linear
 
 
 #: below this many projected elements (rows x heads x features) a layer call is
@@ -64,9 +65,10 @@ def padded_linear(lin, x: Tensor, heads: int, chans: int, width: int) -> Optiona
     """``lin(x)`` as ``[N, heads, width]`` with zero columns ``chans..width-1``
     in every head, from one GEMM (``lin(x)`` viewed as ``[N, heads, chans]``
     when ``width == chans``); ``None`` when padding is asked for but ``lin`` is
-    not :func:`paddable`, and the caller uses its usual path."""
+    not :func:`paddable`, and the caller uses its usual path.  The bias
+    gradient is a GEMV on GPU-bound CUDA calls (:mod:`._glue`)."""
     if width == chans:
-        return lin(x).view(-1, heads, chans)
+        return apply_linear(lin, x).view(-1, heads, chans)
     if not paddable(lin, heads, chans):
         return None
     w = lin.weight
@@ -74,7 +76,7 @@ def padded_linear(lin, x: Tensor, heads: int, chans: int, width: int) -> Optiona
     wp = F.pad(w.view(heads, chans, w.size(1)), (0, 0, 0, pad)).view(heads * width, -1)
     b = getattr(lin, "bias", None)
     bp = F.pad(b.view(heads, chans), (0, pad)).view(-1) if b is not None else None
-    return F.linear(x, wp, bp).view(-1, heads, width)
+    return linear(x, wp, bp).view(-1, heads, width)
 
 
 def unpad(out: Tensor, chans: int) -> Tensor:

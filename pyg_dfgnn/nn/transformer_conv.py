@@ -13,6 +13,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 from ..ops import dot_attention
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
+from ._glue import apply_linear
 from ._padded import kernel_width, padded_linear, unpad
 
 
@@ -105,10 +106,10 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         lin_beta = self.lin_beta
         if self.concat and self.root_weight and lin_beta is None:
             # slice + skip connection in one pass
-            return (out + self.lin_skip(xs[1]).view(-1, H, C)).view(-1, H * C)
+            return (out + apply_linear(self.lin_skip, xs[1]).view(-1, H, C)).view(-1, H * C)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
-            x_r = self.lin_skip(xs[1])
+            x_r = apply_linear(self.lin_skip, xs[1])
             if lin_beta is not None:
                 beta = lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
                 out = beta * x_r + (1 - beta) * out

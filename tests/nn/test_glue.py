@@ -1,0 +1,140 @@
+"""Projections and bias adds whose bias gradient is a GEMV (pyg_dfgnn/nn/_glue.py).
+
+The autograd functions are checked on their own (gradcheck in float64, the
+autocast dtype path against explicit casts) and inside the layers: with the
+GEMV path forced (on the CPU, or on CUDA below the GPU-bound size), every
+layer's output and every gradient must equal PyG's layer with the same weights
+in float64, and the GEMV must have computed the bias gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as pygnn
+
+import pyg_dfgnn.nn as dnn
+from pyg_dfgnn.nn import _glue, _padded
+
+U_BF16 = 2.0 ** -8
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (3, 4, 5)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gradcheck(shape, bias):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, shape[-1], dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, requires_grad=True) if bias else None
+    assert torch.autograd.gradcheck(lambda x, w, b: _glue._Linear.apply(x, w, b, None),
+                                    (x, w, b))
+    torch.testing.assert_close(_glue._Linear.apply(x, w, b, None), F.linear(x, w, b),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bshape", [(5,), (4, 5)])
+def test_add_bias_gradcheck(bshape):
+    torch.manual_seed(1)
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(*bshape, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_glue._AddBias.apply, (x, b))
+    x2 = torch.randn(3, 4, 5, dtype=torch.float64)[..., :4].requires_grad_()  # a strided view
+    b2 = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_glue._AddBias.apply, (x2, b2))
+
+
+def test_linear_in_an_autocast_dtype_matches_explicit_casts():
+    """The autocast path: inputs cast to bf16, output bf16, each gradient in its
+    input's dtype, within bf16 roundings of the explicitly cast F.linear (the
+    bias gradient is summed in another order)."""
+    torch.manual_seed(2)
+    x = torch.randn(300, 16, requires_grad=True)
+    w = torch.randn(12, 16, requires_grad=True)
+    b = torch.randn(12, requires_grad=True)
+    g = torch.randn(300, 12).to(torch.bfloat16)
+    y = _glue._Linear.apply(x, w, b, torch.bfloat16)
+    assert y.dtype == torch.bfloat16
+    ours = torch.autograd.grad(y, (x, w, b), g)
+    ref_y = F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16), b.to(torch.bfloat16))
+    ref = torch.autograd.grad(ref_y, (x, w, b), g)
+    torch.testing.assert_close(y, ref_y, rtol=0, atol=0)
+    gf = g.float()
+    scales = (gf.abs() @ w.detach().abs(), gf.abs().t() @ x.detach().abs(), gf.abs().sum(0))
+    for o, r, t, s in zip(ours, ref, (x, w, b), scales):
+        assert o.dtype == t.dtype == torch.float32
+        # two bf16 results of the same sum: each within ~1 rounding of the value
+        # plus fp32 accumulation; 4 roundings of the absolute sum bound them
+        assert ((o - r).abs() <= 4 * U_BF16 * s + 1e-6).all()
+
+
+CASES = [
+    ("TransformerConv", dict(out_channels=10, heads=8)),             # padded, 4 biases
+    ("TransformerConv", dict(out_channels=16, heads=2, concat=False, beta=True)),
+    ("GATv2Conv", dict(out_channels=10, heads=8)),
+    ("GATv2Conv", dict(out_channels=16, heads=2, concat=False, residual=True)),
+    ("GATConv", dict(out_channels=10, heads=8)),
+    ("GATConv", dict(out_channels=16, heads=4)),
+    ("GATConv", dict(out_channels=19, heads=2, concat=False)),
+]
+
+
+@pytest.fixture
+def gemv_calls(monkeypatch):
+    calls = []
+    col_sum = _glue._column_sum
+
+    def counted(g2):
+        calls.append(tuple(g2.shape))
+        return col_sum(g2)
+    monkeypatch.setattr(_glue, "_column_sum", counted)
+    return calls
+
+
+def _compare(cls, kw, device, dtype, tol):
+    torch.manual_seed(0)
+    ei = torch.randint(0, 50, (2, 300), device=device)
+    kw = dict(in_channels=16, **kw)
+    ref = getattr(pygnn, cls)(**kw).to(device, dtype)
+    ours = getattr(dnn, cls)(**kw).to(device, dtype)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(50, 16, dtype=dtype, device=device, requires_grad=True)
+    a, b = ref(x, ei), ours(x, ei)
+    torch.testing.assert_close(b, a, **tol)
+    go = torch.randn_like(a)
+    ga = torch.autograd.grad(a, [x] + list(ref.parameters()), go, allow_unused=True)
+    gb = torch.autograd.grad(b, [x] + list(ours.parameters()), go, allow_unused=True)
+    for (name, _), u, v in zip([("x", None)] + list(ref.named_parameters()), ga, gb):
+        assert (u is None) == (v is None), name
+        if u is not None:
+            torch.testing.assert_close(v, u, msg=name, **tol)
+    return ours
+
+
+def _expected_gemvs(ours):
+    return sum(1 for n, p in ours.named_parameters() if n.endswith("bias") and p.dim() == 1)
+
+
+@pytest.mark.parametrize("cls,kw", CASES)
+def test_layers_on_the_gemv_path_match_pyg_in_float64(cls, kw, gemv_calls, monkeypatch):
+    monkeypatch.setattr(_glue, "_use", lambda x, rows, width: True)
+    ours = _compare(cls, kw, "cpu", torch.float64, dict(rtol=1e-10, atol=1e-12))
+    # every bias of the layer (projections and the output bias) took the GEMV
+    assert len(gemv_calls) == _expected_gemvs(ours), gemv_calls
+
+
+def test_small_cpu_calls_keep_plain_autograd(gemv_calls):
+    _compare("TransformerConv", dict(out_channels=10, heads=8), "cpu", torch.float64,
+             dict(rtol=1e-10, atol=1e-12))
+    assert gemv_calls == []
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cls,kw", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_on_the_gemv_path_match_pyg_on_cuda(cls, kw, dtype, gemv_calls, monkeypatch):
+    """On CUDA with the GPU-bound threshold lowered to every call: the path a
+    100k-node graph takes, against PyG's layer in the same dtype (tolerances of
+    the layer equivalence suite, tests/nn/_equiv.py)."""
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    tol = {torch.float32: dict(rtol=1e-5, atol=1e-5),
+           torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}[dtype]
+    ours = _compare(cls, kw, "cuda", dtype, tol)
+    assert len(gemv_calls) == _expected_gemvs(ours), gemv_calls
