@@ -84,14 +84,16 @@ class _AddBias(torch.autograd.Function):
 
 
 def _use(x: Tensor, rows: int, width: int) -> bool:
-    """Whether the GEMV form pays: a CUDA call outside torch.compile that is
-    GPU-bound (:func:`._padded.gpu_bound`: an autograd Function adds host time
-    that small eager calls would feel) or recorded into a CUDA graph (replayed
-    steps have no host time to lose)."""
+    """Whether the GEMV form pays: a GPU-bound CUDA call with autograd on,
+    outside torch.compile (:func:`._padded.gpu_bound`: an autograd Function adds
+    ~8 us of host time forward and ~24 us over forward+backward, which small
+    eager calls would feel).  The choice depends on the call's size only, never
+    on whether a CUDA graph is being captured: a replayed step computes what the
+    same eager step computes (tests/train/test_graphed.py)."""
     if not x.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return False
     from ._padded import gpu_bound   # (_padded imports this module)
-    return gpu_bound(rows, 1, width) or torch.cuda.is_current_stream_capturing()
+    return gpu_bound(rows, 1, width)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
