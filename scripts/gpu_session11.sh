@@ -32,7 +32,7 @@ build() {  # dir cache extra log
 }
 pids=()
 build "$ROOT" /tmp/dfgnn_new "" "$OUT/build_new.log" & pids+=($!)
-if has ab; then
+if has ab || has check; then
   [ -d _carry/base ] && { build "$ROOT/_carry/base" /tmp/dfgnn_base "" "$OUT/build_base.log" & pids+=($!); }
   for i in "${!VS[@]}"; do
     build "$ROOT" /tmp/dfgnn_var$i "${VS[$i]}" "$OUT/build_var$i.log" & pids+=($!)
@@ -44,7 +44,7 @@ echo "builds: $(( $(date +%s) - t0 )) s rc=$rc"
 export PYTHONPATH=$ROOT PYG_DFGNN_CACHE=/tmp/dfgnn_new
 if has tests; then
   timeout ${TESTS_TIMEOUT:-300} python -m pytest -q -m cuda tests/ops/test_cuda_kernels.py \
-    tests/ops/test_cuda_shapes.py tests/nn/test_fuzz.py tests/nn/test_large_logits.py \
+    tests/ops/test_cuda_shapes.py tests/nn/test_fuzz.py tests/nn/test_large_logits.py tests/nn/test_glue.py \
     -p no:cacheprovider > "$OUT/pytest_kernels.log" 2>&1
   echo "kernel tests: $(tail -1 "$OUT/pytest_kernels.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_kernels.log" | head -8
@@ -78,6 +78,14 @@ if has ab; then
   python scripts/kernel_ab.py --compare "${files[@]}" > "$OUT/ab_compare.txt" 2>&1
   grep -A60 "median ratio" "$OUT/ab_compare.txt"
   grep -l "Traceback" "$OUT"/ab_*.log | head -5
+fi
+if has check && [ -f _carry/bf16chk.py ]; then
+  # an ad-hoc script run on this tree and on _carry/base (_carry is not committed)
+  echo "== this tree"; timeout 120 python _carry/bf16chk.py 2>&1 | grep -v Warn | tail -12
+  if [ -d _carry/base ]; then
+    echo "== base"; (cd _carry/base && PYTHONPATH=$ROOT/_carry/base PYG_DFGNN_CACHE=/tmp/dfgnn_base \
+      timeout 120 python $ROOT/_carry/bf16chk.py 2>&1 | grep -v Warn | tail -12)
+  fi
 fi
 if has bench; then
   timeout ${BENCH_TIMEOUT:-420} python -m pyg_dfgnn bench configs/bench_default.yaml --out "$OUT/bench" \

@@ -183,3 +183,38 @@ def test_sparse_tensor_loops_with_edge_dim_raises():
     adj, _ = make_adj(ei, "SparseTensor", N, N)
     with pytest.raises(NotImplementedError):
         GATConv(F_IN, 4, edge_dim=2)(torch.randn(N, F_IN), adj)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bf16_gradients_within_pygs_error(seed):
+    """bf16 on the CPU (where the folded logits of float32 calls are always on)
+    judged by the FlashAttention rule against PyG's layer in float64: every
+    gradient within 4x PyG's own bf16 error, or 4 bf16 roundings of its largest
+    value.  With GAT's folded logits in bf16 (also computed in float32), seed 8
+    gave 5-20x PyG's error on x, att_src, att_dst and lin.weight (session 11)."""
+    import torch_geometric.nn as pygnn
+    torch.manual_seed(seed)
+    ei = torch.randint(0, 50, (2, 300))
+    kw = dict(in_channels=16, out_channels=16, heads=4)
+    ref = pygnn.GATConv(**kw).double()
+    x64 = torch.randn(50, 16, dtype=torch.float64)
+    go64 = torch.randn_like(ref(x64, ei))
+
+    def run(layer, dtype):
+        x = x64.to(dtype).requires_grad_()
+        out = layer(x, ei)
+        grads = torch.autograd.grad(out, [x] + list(layer.parameters()), go64.to(dtype))
+        return [out.detach()] + [g.detach() for g in grads]
+
+    exact = run(ref, torch.float64)
+    theirs16 = pygnn.GATConv(**kw).to(torch.bfloat16)
+    theirs16.load_state_dict(ref.state_dict())
+    ours16 = GATConv(**kw).to(torch.bfloat16)
+    ours16.load_state_dict(ref.state_dict())
+    theirs, ours = run(theirs16, torch.bfloat16), run(ours16, torch.bfloat16)
+    names = ["out", "x"] + [n for n, _ in ref.named_parameters()]
+    for name, e, t, o in zip(names, exact, theirs, ours):
+        err_o = float((o.double() - e).abs().max())
+        err_t = float((t.double() - e).abs().max())
+        floor = 4 * 2.0 ** -8 * float(e.abs().max())
+        assert err_o <= max(4 * err_t, floor), (name, err_o, err_t, floor)
