@@ -237,3 +237,17 @@ def feats(n: int, f: int, device: str, dtype=None, seed: int = 0) -> Tensor:
 
 def deepcopy_module(m: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(m)
+
+
+def assert_same_grads(ref: torch.nn.Module, ours: torch.nn.Module, x: Tensor, a: Tensor,
+                      b: Tensor, go: Tensor, **tol: float) -> None:
+    """The gradients of ``a = ref(x, ...)`` and ``b = ours(x, ...)`` for the
+    output gradient ``go``, with respect to ``x`` and every parameter (by
+    name; a parameter without a gradient must have none on both sides)."""
+    ga = torch.autograd.grad(a, [x] + list(ref.parameters()), go, allow_unused=True)
+    gb = torch.autograd.grad(b, [x] + list(ours.parameters()), go, allow_unused=True)
+    for (name, _), u, v in zip([("x", None)] + list(ref.named_parameters()), ga, gb):
+        assert (u is None) == (v is None), name
+        if u is not None:
+            torch.testing.assert_close(v, u, msg=name, **tol)
+

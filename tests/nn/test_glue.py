@@ -13,6 +13,8 @@ import torch_geometric.nn as pygnn
 import pyg_dfgnn.nn as dnn
 from pyg_dfgnn.nn import _glue, _padded
 
+from ._equiv import assert_same_grads
+
 U_BF16 = 2.0 ** -8
 
 
@@ -97,13 +99,7 @@ def _compare(cls, kw, device, dtype, tol):
     x = torch.randn(50, 16, dtype=dtype, device=device, requires_grad=True)
     a, b = ref(x, ei), ours(x, ei)
     torch.testing.assert_close(b, a, **tol)
-    go = torch.randn_like(a)
-    ga = torch.autograd.grad(a, [x] + list(ref.parameters()), go, allow_unused=True)
-    gb = torch.autograd.grad(b, [x] + list(ours.parameters()), go, allow_unused=True)
-    for (name, _), u, v in zip([("x", None)] + list(ref.named_parameters()), ga, gb):
-        assert (u is None) == (v is None), name
-        if u is not None:
-            torch.testing.assert_close(v, u, msg=name, **tol)
+    assert_same_grads(ref, ours, x, a, b, torch.randn_like(a), **tol)
     return ours
 
 

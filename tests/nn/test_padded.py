@@ -13,6 +13,8 @@ import pyg_dfgnn.nn as dnn
 from pyg_dfgnn.nn import _padded, gat_conv, gatv2_conv, transformer_conv
 from pyg_dfgnn.schedule import padded_width
 
+from ._equiv import assert_same_grads
+
 CASES = [
     ("TransformerConv", dict(out_channels=10, heads=8)),
     ("TransformerConv", dict(out_channels=19, heads=2, concat=False, beta=True, edge_dim=3)),
@@ -52,13 +54,7 @@ def test_padded_projection_matches_pyg_in_float64(cls, kw, force_padding):
     a, b = ref(*args), ours(*args)
     assert force_padding, "the padded path was not taken"
     torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
-    go = torch.randn_like(a)
-    ga = torch.autograd.grad(a, [x] + list(ref.parameters()), go, allow_unused=True)
-    gb = torch.autograd.grad(b, [x] + list(ours.parameters()), go, allow_unused=True)
-    for (name, _), u, v in zip([("x", None)] + list(ref.named_parameters()), ga, gb):
-        assert (u is None) == (v is None), name
-        if u is not None:
-            torch.testing.assert_close(v, u, rtol=1e-10, atol=1e-12, msg=name)
+    assert_same_grads(ref, ours, x, a, b, torch.randn_like(a), rtol=1e-10, atol=1e-12)
 
 
 def test_padded_linear_layout():
