@@ -22,26 +22,15 @@ def _folded_logits(lin, x: Tensor, atts) -> Optional[Tensor]:
     materialising two ``[N, H, C]`` products of the projected features
     (exact in exact arithmetic; autograd carries the gradients of ``W`` and
     ``att``).  ``None`` when the projection is not a plain bias-free linear
-    map with an initialised weight, or in half precision (PyG's own formula is
-    used then)."""
+    map with an initialised weight (PyG's own formula is used then)."""
     w = getattr(lin, "weight", None)
     if (not isinstance(w, Tensor) or isinstance(w, torch.nn.parameter.UninitializedParameter)
             or getattr(lin, "bias", None) is not None or w.dim() != 2):
         return None
     heads, chans = atts[0].shape[-2:]
-    dev = x.device.type
-    autocast = torch.is_autocast_enabled(dev)
-    out_dtype = torch.get_autocast_dtype(dev) if autocast else x.dtype
-    if out_dtype in (torch.float16, torch.bfloat16):
-        # Not in half precision: with the fold, bf16 gradients of x, att_src,
-        # att_dst and the projection weight came out 5-20x PyG's own bf16 error
-        # against float64 in some random draws (GAT 4 x 16 on the CPU and an
-        # H100, session 11; also with the fold computed in float32), while PyG's
-        # formula below it stays within PyG's error (tests/nn/test_gat_conv.py).
-        return None
     wv = w.view(heads, chans, w.size(1))
     fold = torch.cat([torch.einsum("hc,hci->hi", a.reshape(heads, chans), wv) for a in atts])
-    if x.dtype != fold.dtype and not autocast:
+    if x.dtype != fold.dtype and not torch.is_autocast_enabled(x.device.type):
         return None
     return torch.nn.functional.linear(x, fold)
 

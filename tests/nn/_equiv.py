@@ -251,3 +251,24 @@ def assert_same_grads(ref: torch.nn.Module, ours: torch.nn.Module, x: Tensor, a:
         if u is not None:
             torch.testing.assert_close(v, u, msg=name, **tol)
 
+
+def gat_logit_margin(ref: torch.nn.Module, x: Tensor, edge_index: Tensor) -> float:
+    """The smallest ``|a_src[j] + a_dst[i]|`` over the edges (self-loops
+    included, as GAT adds them) of a PyG ``GATConv`` ``ref`` on ``x``, in
+    float64: LeakyReLU's slope changes there, so a low-precision logit within
+    a rounding of 0 takes the other slope and its gradient differs from the
+    float64 one by ``(1 - negative_slope) * dS`` -- a property of the
+    function, not of an implementation (two correct bf16 implementations that
+    round the logit differently disagree there)."""
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+    with torch.no_grad():
+        xd = x.double()
+        h = ref.lin.weight.double() @ xd.t()
+        h = h.t().view(x.size(0), ref.heads, ref.out_channels)
+        a_src = (h * ref.att_src.double()).sum(-1)
+        a_dst = (h * ref.att_dst.double()).sum(-1)
+        ei, _ = remove_self_loops(edge_index)
+        ei, _ = add_self_loops(ei, num_nodes=x.size(0))
+        z = a_src[ei[0]] + a_dst[ei[1]]
+    return float(z.abs().min())
+

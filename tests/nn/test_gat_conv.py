@@ -5,8 +5,8 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import GATConv
 
-from ._equiv import (DEVICES, FORMATS, SparseTensor, check_equivalence, feats, make_adj,
-                     random_edge_index)
+from ._equiv import (DEVICES, FORMATS, SparseTensor, check_equivalence, feats, gat_logit_margin,
+                     make_adj, random_edge_index)
 
 N, F_IN, E = 12, 8, 40
 
@@ -187,17 +187,27 @@ def test_sparse_tensor_loops_with_edge_dim_raises():
 
 @pytest.mark.parametrize("seed", range(12))
 def test_bf16_gradients_within_pygs_error(seed):
-    """bf16 on the CPU (where the folded logits of float32 calls are always on)
-    judged by the FlashAttention rule against PyG's layer in float64: every
+    """bf16 on the CPU (where the folded logits are always on) judged by the
+    FlashAttention rule against PyG's layer in float64: every output and
     gradient within 4x PyG's own bf16 error, or 4 bf16 roundings of its largest
-    value.  With GAT's folded logits in bf16 (also computed in float32), seed 8
-    gave 5-20x PyG's error on x, att_src, att_dst and lin.weight (session 11)."""
+    value.  Inputs whose smallest GAT logit lies within 0.05 of LeakyReLU's
+    kink are redrawn (``gat_logit_margin``): there a bf16 logit may take the
+    other slope, and the implementation that rounds it like PyG looks right
+    while the other looks 8x off (session 11: the folded logits, seed 8 of the
+    unfiltered draws, one edge with |z| = 6e-4)."""
     import torch_geometric.nn as pygnn
-    torch.manual_seed(seed)
-    ei = torch.randint(0, 50, (2, 300))
-    kw = dict(in_channels=16, out_channels=16, heads=4)
-    ref = pygnn.GATConv(**kw).double()
-    x64 = torch.randn(50, 16, dtype=torch.float64)
+    # a small graph (112 logits), so that some draw keeps every logit 0.05 (a few
+    # bf16 roundings of the logits) away from the kink
+    kw = dict(in_channels=16, out_channels=16, heads=2)
+    for draw in range(seed * 1000, seed * 1000 + 400):
+        torch.manual_seed(draw)
+        ei = torch.randint(0, 16, (2, 40))
+        ref = pygnn.GATConv(**kw).double()
+        x64 = torch.randn(16, 16, dtype=torch.float64)
+        if gat_logit_margin(ref, x64, ei) > 0.05:
+            break
+    else:
+        pytest.fail("no draw away from LeakyReLU's kink")
     go64 = torch.randn_like(ref(x64, ei))
 
     def run(layer, dtype):
