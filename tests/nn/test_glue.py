@@ -133,9 +133,15 @@ def test_layers_on_the_gemv_path_match_pyg_on_cuda(cls, kw, gemv_calls, monkeypa
     assert len(gemv_calls) == _expected_gemvs(ours), gemv_calls
 
 
+# GAT at 2 heads: with 8 (4) heads the small graph's 448 (224) logits left no
+# draw with every logit 0.05 away from the kink (H100, session 11)
+BF16_CASES = [(c, dict(kw, heads=min(kw["heads"], 2)) if c == "GATConv" else kw)
+              for c, kw in CASES]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cls,kw", CASES)
+@pytest.mark.parametrize("cls,kw", BF16_CASES)
 def test_layers_on_the_gemv_path_in_bf16_against_float64(cls, kw, gemv_calls, monkeypatch):
     """bf16 on the GEMV path, judged by the FlashAttention rule: against PyG's
     layer in float64 (same weights), our error is within a small multiple of
