@@ -82,8 +82,8 @@ constexpr int blocks_for(bool is_half, int half_forced, int half_dflt, int force
 // scalar score per edge in its row pass: in fp32 too it fits 4 forward blocks
 // (64 registers, 0-16 B of spills) and 3 row-pass blocks (70-76 registers, no
 // spills); measured on an H100 (session 11): fp32 forward -1 to -12 %, row pass
-// -17 to -23 %.  Dot and GATv2 in fp32 were 10-40 % slower so on a 100k-node
-// graph (spills) and keep 3 / 2.
+// -17 to -23 %.  Dot and GATv2 in fp32 were 10-40 % slower with 4 / 3 blocks
+// on a 100k-node graph (spills) and keep 3 / 2.
 template <int KIND, typename T> constexpr int kFwdBlocks =
     blocks_for(sizeof(T) == 2, DFGNN_HALF_FWD_BLOCKS, KIND == GATV2 ? 3 : 4, DFGNN_FWD_BLOCKS,
                KIND == GAT ? 4 : 3);
@@ -345,7 +345,7 @@ __device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
 // Packed tiles: a gathered row tile kept as loaded, VEC elements of T per
 // chunk in raw vector registers, converted to fp32 where it is used.  For
 // fp32 this is the same registers as a float tile; for fp16 / bf16 it is half,
-// which the edge batches spend on more edges in flight (kBatch): the kernels
+// which those kernels spend on resident blocks (kFwdBlocks & co.): the kernels
 // are latency-bound gathers (docs/KERNELS.md, session 7), and a float tile of
 // converted half-precision elements made bf16 batches as costly in registers
 // as fp32 ones while moving half the bytes.
@@ -375,7 +375,7 @@ __device__ __forceinline__ void zero_packed(Packed<T, VEC>& x) {
   for (int c = 0; c < kChunks<VEC>; ++c) x.r[c] = typename Packed<T, VEC>::R{};
 }
 
-// The fp32 tile of a packed one (plus an fp32 tile `add`, e.g. the edge term).
+// The fp32 tile of a packed one.
 template <typename T, int VEC>
 __device__ __forceinline__ void unpack(const Packed<T, VEC>& x, float (&y)[kChunks<VEC>][VEC]) {
 #pragma unroll
