@@ -9,6 +9,9 @@
 #              base (_carry/base, if carried), this tree, and VARIANTS
 #              (';'-separated nvcc flag sets), ratios to base last
 #   sanitize - compute-sanitizer memcheck on the smoke script
+#   check    - an ad-hoc script _carry/bf16chk.py (not committed: carried with
+#              `carry: ["_carry"]`) on this tree and on _carry/base; session 11
+#              used it for bf16 GAT gradients against float64
 #   bench    - the layer shape x dtype matrix (dfgnn bench, no training)
 #   train    - dfgnn bench's training section alone (the shipped PATTERN paper
 #              configs in fp32 and bf16, fused vs PyG; --graphs cora, whose
