@@ -13,8 +13,10 @@ the layers' output bias) are autograd functions whose backward does exactly
 that; the other gradients are autograd's own formulas (``g W`` and ``g^T x``).
 Under autocast they compute in the autocast dtype as ``F.linear`` would (the
 inputs cast, the gradients returned in each input's own dtype).  They are used
-for CUDA tensors outside ``torch.compile`` only: on the CPU the reduction is not
-the bottleneck, and Inductor generates its own reductions.
+on GPU-bound CUDA calls with autograd on, outside ``torch.compile`` only
+(:func:`_use`): on the CPU the reduction is not the bottleneck, small eager
+calls would feel the autograd Function's host time, and Inductor generates its
+own reductions.
 """
 from __future__ import annotations
 
@@ -76,10 +78,8 @@ class _AddBias(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         db = None
         if ctx.needs_input_grad[1]:
-            n = 1
-            for d in ctx.bias_shape:
-                n *= d
-            db = _column_sum(grad.reshape(-1, n)).view(ctx.bias_shape).to(ctx.bias_dtype)
+            g2 = grad.reshape(-1, ctx.bias_shape.numel())
+            db = _column_sum(g2).view(ctx.bias_shape).to(ctx.bias_dtype)
         return grad if ctx.needs_input_grad[0] else None, db
 
 

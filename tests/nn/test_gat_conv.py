@@ -5,8 +5,8 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import GATConv
 
-from ._equiv import (DEVICES, FORMATS, SparseTensor, check_equivalence, feats, gat_logit_margin,
-                     make_adj, random_edge_index)
+from ._equiv import (DEVICES, FORMATS, SparseTensor, check_bf16_against_float64,
+                     check_equivalence, feats, make_adj, random_edge_index)
 
 N, F_IN, E = 12, 8, 40
 
@@ -195,36 +195,8 @@ def test_bf16_gradients_within_pygs_error(seed):
     other slope, and the implementation that rounds it like PyG looks right
     while the other looks 8x off (session 11: the folded logits, seed 8 of the
     unfiltered draws, one edge with |z| = 6e-4)."""
-    import torch_geometric.nn as pygnn
     # a small graph (112 logits), so that some draw keeps every logit 0.05 (a few
     # bf16 roundings of the logits) away from the kink
-    kw = dict(in_channels=16, out_channels=16, heads=2)
-    for draw in range(seed * 1000, seed * 1000 + 400):
-        torch.manual_seed(draw)
-        ei = torch.randint(0, 16, (2, 40))
-        ref = pygnn.GATConv(**kw).double()
-        x64 = torch.randn(16, 16, dtype=torch.float64)
-        if gat_logit_margin(ref, x64, ei) > 0.05:
-            break
-    else:
-        pytest.fail("no draw away from LeakyReLU's kink")
-    go64 = torch.randn_like(ref(x64, ei))
-
-    def run(layer, dtype):
-        x = x64.to(dtype).requires_grad_()
-        out = layer(x, ei)
-        grads = torch.autograd.grad(out, [x] + list(layer.parameters()), go64.to(dtype))
-        return [out.detach()] + [g.detach() for g in grads]
-
-    exact = run(ref, torch.float64)
-    theirs16 = pygnn.GATConv(**kw).to(torch.bfloat16)
-    theirs16.load_state_dict(ref.state_dict())
-    ours16 = GATConv(**kw).to(torch.bfloat16)
-    ours16.load_state_dict(ref.state_dict())
-    theirs, ours = run(theirs16, torch.bfloat16), run(ours16, torch.bfloat16)
-    names = ["out", "x"] + [n for n, _ in ref.named_parameters()]
-    for name, e, t, o in zip(names, exact, theirs, ours):
-        err_o = float((o.double() - e).abs().max())
-        err_t = float((t.double() - e).abs().max())
-        floor = 4 * 2.0 ** -8 * float(e.abs().max())
-        assert err_o <= max(4 * err_t, floor), (name, err_o, err_t, floor)
+    check_bf16_against_float64(pyg_nn.GATConv, GATConv,
+                               dict(in_channels=16, out_channels=16, heads=2),
+                               draws=range(seed * 1000, seed * 1000 + 400), away_from_kink=True)

@@ -13,7 +13,7 @@ import torch_geometric.nn as pygnn
 import pyg_dfgnn.nn as dnn
 from pyg_dfgnn.nn import _glue, _padded
 
-from ._equiv import assert_same_grads, gat_logit_margin
+from ._equiv import assert_same_grads, check_bf16_against_float64
 
 U_BF16 = 2.0 ** -8
 
@@ -150,40 +150,7 @@ def test_layers_on_the_gemv_path_in_bf16_against_float64(cls, kw, gemv_calls, mo
     in exact arithmetic is compared on that scale).  The GAT layers take
     inputs away from LeakyReLU's kink (test_gat_conv.py says why)."""
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
-    kw = dict(in_channels=16, **kw)
-    # a small graph; GAT's inputs are redrawn until every logit is 0.05 away
-    # from LeakyReLU's kink (tests/nn/_equiv.py: gat_logit_margin)
-    for draw in range(400):
-        torch.manual_seed(draw)
-        ei = torch.randint(0, 16, (2, 40), device="cuda")
-        ref = getattr(pygnn, cls)(**kw).to("cuda", torch.float64)
-        x64 = torch.randn(16, 16, dtype=torch.float64, device="cuda")
-        if cls != "GATConv" or gat_logit_margin(ref, x64, ei) > 0.05:
-            break
-    else:
-        pytest.fail("no draw away from LeakyReLU's kink")
-    go64 = torch.randn_like(ref(x64, ei))
-
-    def run(layer, dtype):
-        x = x64.to(dtype).requires_grad_()
-        out = layer(x, ei)
-        grads = torch.autograd.grad(out, [x] + list(layer.parameters()), go64.to(dtype),
-                                    allow_unused=True)
-        return [out] + list(grads)
-
-    exact = run(ref, torch.float64)
-    pyg16 = getattr(pygnn, cls)(**kw).to("cuda", torch.bfloat16)
-    pyg16.load_state_dict(ref.state_dict())
-    ours16 = getattr(dnn, cls)(**kw).to("cuda", torch.bfloat16)
-    ours16.load_state_dict(ref.state_dict())
-    theirs, ours = run(pyg16, torch.bfloat16), run(ours16, torch.bfloat16)
+    ours16 = check_bf16_against_float64(getattr(pygnn, cls), getattr(dnn, cls),
+                                        dict(in_channels=16, **kw), device="cuda",
+                                        away_from_kink=cls == "GATConv")
     assert len(gemv_calls) == _expected_gemvs(ours16), gemv_calls
-    names = ["out", "x"] + [n for n, _ in ref.named_parameters()]
-    for name, e, t, o in zip(names, exact, theirs, ours):
-        assert (e is None) == (o is None), name
-        if e is None:
-            continue
-        err_o = float((o.double() - e).abs().max())
-        err_t = float((t.double() - e).abs().max())
-        floor = 4 * U_BF16 * float(e.abs().max())
-        assert err_o <= max(4 * err_t, floor), (name, err_o, err_t, floor)
