@@ -90,8 +90,24 @@ template <int KIND, typename T> constexpr int kFwdBlocks =
 template <int KIND, typename T> constexpr int kRowBlocks =
     blocks_for(sizeof(T) == 2, DFGNN_HALF_ROW_BLOCKS, KIND == GATV2 ? 2 : 3, DFGNN_ROW_BLOCKS,
                KIND == GAT ? 3 : 2);
-template <int KIND, typename T, bool RECOMPUTE> constexpr int kColBlocks = blocks_for(
-    sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS, RECOMPUTE ? 2 : 3, DFGNN_COL_BLOCKS, 2);
+// Column-pass modes (bwd_col_kernel's MODE): read g and pd per edge (stored),
+// recompute them from the row statistics and Delta (recompute), or GAT's
+// single-gather backward (emit dP): recompute alpha, accumulate d_val and write
+// dP_ij = <dO_i, x_j> per edge for the scalar passes (bwd_gat_row_kernel,
+// bwd_gat_src_kernel) that finish d_dst, d_src and d_edge without gathering a
+// feature row again.
+enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2 };
+#ifndef DFGNN_EMIT_BLOCKS
+#define DFGNN_EMIT_BLOCKS 2
+#endif
+template <int KIND, typename T, int MODE> constexpr int kColBlocks =
+    MODE == kColEmitDP ? DFGNN_EMIT_BLOCKS
+                       : blocks_for(sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS,
+                                    MODE != kColStored ? 2 : 3, DFGNN_COL_BLOCKS, 2);
+// resident blocks of GAT's scalar backward passes
+#ifndef DFGNN_SCALAR_BLOCKS
+#define DFGNN_SCALAR_BLOCKS 4
+#endif
 constexpr int kMaxChunks = 2;  // feature chunks per lane per tile (registers)
 // Chunks per lane for a vector width: at most 8 fp32 registers per tile, so
 // 16-byte fp16/bf16 vectors (8 elements) take one chunk, float4 two.
@@ -433,6 +449,11 @@ template <int KIND, typename T> constexpr int kBatch =
 // PATTERN batches on an H100, session 11, and spilled in recompute mode).
 #ifndef DFGNN_HALF_COL_SCALE
 #define DFGNN_HALF_COL_SCALE 1
+#endif
+// GAT's emit-dP column pass (fp32 only): 2 edges (measured on an H100,
+// session 12: the backward 10 % faster than with 4).
+#ifndef DFGNN_EMIT_BATCH
+#define DFGNN_EMIT_BATCH 2
 #endif
 template <int KIND, bool RECOMPUTE, typename T> constexpr int kColBatch =
     (DFGNN_COL_BATCH ? DFGNN_COL_BATCH
@@ -1000,9 +1021,12 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND, T>) bwd_row_kernel(
 // row pass; tests/nn/test_fuzz.py covers such rows).  The score needs its operand
 // rows over all features: a launch column adds the features outside its tile
 // from memory (`wide`), as the row pass does.
-template <int KIND, typename T, typename I, int VEC, bool RECOMPUTE>
-__global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, RECOMPUTE>) bwd_col_kernel(const Params<T, I> p) {
-  constexpr int B = kColBatch<KIND, RECOMPUTE, T>;
+template <int KIND, typename T, typename I, int VEC, int MODE>
+__global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_kernel(const Params<T, I> p) {
+  constexpr bool RECOMPUTE = MODE != kColStored;   // alpha recomputed here
+  constexpr bool EMIT = MODE == kColEmitDP;        // GAT: write dP, leave g to the scalar passes
+  static_assert(!EMIT || KIND == GAT, "emit-dP mode is GAT's");
+  constexpr int B = EMIT ? DFGNN_EMIT_BATCH : kColBatch<KIND, RECOMPUTE, T>;
   constexpr int NC = kChunks<VEC>;
   const Group g(p.G);
   Item it;
@@ -1019,7 +1043,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, RECOMPUTE>) bwd_
   if constexpr (RECOMPUTE && KIND == DOT) load_tile<T, VEC>(ft, k_row, kj);
   if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * F, at);
   const float a_src = RECOMPUTE && KIND == GAT ? to_f(p.src[src * H + h]) : 0.f;
-  const bool need_cp = !RECOMPUTE || p.edge != nullptr || p.drop_p > 0.f;
+  const bool need_cp = !RECOMPUTE || EMIT || p.edge != nullptr || p.drop_p > 0.f;
 
   float gacc = 0.f;
   float dv[NC][VEC], dk[KIND == GAT ? 1 : NC][VEC];
@@ -1051,7 +1075,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, RECOMPUTE>) bwd_
       const int64_t ih = (int64_t)i[t] * H + h;
       m[t] = ok ? p.lse_in[ih] : 0.f;
       ll[t] = ok ? p.lse_l_in[ih] : 0.f;
-      dl[t] = ok ? p.delta[ih] : 0.f;
+      dl[t] = (ok && !EMIT) ? p.delta[ih] : 0.f;
       z[t] = 0.f;
       if constexpr (KIND == GAT) {
         if (ok) {
@@ -1136,7 +1160,10 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, RECOMPUTE>) bwd_
         const float alpha = ok ? expf((s - m[t]) - ll[t]) : 0.f;
         const float kf = ok ? keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h) : 0.f;
         const float dS = alpha * (dp[t] * kf - dl[t]);
-        if constexpr (KIND == GAT) gv = dS * dleaky(z[t], p.slope);
+        if constexpr (EMIT) {   // one lane of the group writes the edge's dP (all hold it)
+          if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) p.ds[(int64_t)cp[t] * H + h] = dp[t];
+          gv = 0.f;
+        } else if constexpr (KIND == GAT) gv = dS * dleaky(z[t], p.slope);
         else if constexpr (KIND == DOT) gv = dS * p.scale;
         else gv = dS;
         pdv = alpha * kf;
@@ -1156,7 +1183,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, RECOMPUTE>) bwd_
     }
   }
   // outputs: part1 <- the value-side gradient, part2 <- the source-side one
-  if constexpr (KIND == GAT) {
+  if constexpr (KIND == GAT && !EMIT) {
     if (g.lg == 0 && blockIdx.y == 0) {
       if (slot < 0) p.d_src[src * H + h] = from_f<T>(gacc);
       else p.part2[slot * H + h] = gacc;
@@ -1182,6 +1209,121 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, RECOMPUTE>) bwd_
         if constexpr (KIND == DOT) p.part2[(slot * H + h) * F + f + k] = dk[c][k];
       }
     }
+  }
+}
+
+// ------------------------------------------- GAT's single-gather backward
+// GAT's score is a scalar per edge (z_ij = a_src_j + a_dst_i (+ e_ij)), so of
+// its backward only dP_ij = <dO_i, x_j> and d_val[j] = sum_i alpha~_ij dO_i
+// need feature rows, and both can come from the column pass's one gather of
+// dO_i (emit-dP mode above: x_j is the column's own row).  What remains is
+// scalar per (edge, head) and runs as two light passes over the per-edge dP
+// array, instead of a row pass gathering x_j a second time:
+//   bwd_gat_row_kernel (CSR): Delta_i = sum_j alpha~_ij dP_ij exactly (no
+//     <dO_i, O_i> from the rounded stored output), g_ij = dS_ij LeakyReLU'(z_ij)
+//     written over dP, d_dst[i] = sum_j dS_ij (LeakyReLU'(z_ij) - 1) (centred,
+//     see the row pass), d_edge = g;
+//   bwd_gat_src_kernel (transposed CSR): d_src[j] = sum_i g_ij.
+// One warp per work item; lane l takes head l % H of edge l / H, so a warp
+// reads H*P consecutive entries of the [E, H] array at once (P = 32 / H
+// edges per step) and the per-head sums are trees over the lanes of a head.
+// Split rows: phase 0 writes each segment's Delta partial (merged by the
+// launcher into p.delta), phase 1 finishes their segments.
+struct HeadLanes {
+  int H, P, lane, h, e;   // heads, edges per step, lane, its head and edge offset
+  __device__ __forceinline__ explicit HeadLanes(int64_t heads) {
+    H = (int)heads;
+    P = 32 / H;
+    lane = threadIdx.x & 31;
+    h = lane % H;
+    e = lane < H * P ? lane / H : P;   // lanes past H * P take no edges
+  }
+  // this lane's first position of the range [b, end) (end: none)
+  __device__ __forceinline__ int64_t first(int64_t b, int64_t end) const {
+    return e < P ? b + e : end;
+  }
+  // the sum over the lanes of this lane's head, in every lane
+  __device__ __forceinline__ float sum(float v) const {
+    int o = 1;
+    while (o < P) o <<= 1;
+    for (o >>= 1; o > 0; o >>= 1) {
+      const float w = __shfl_down_sync(0xffffffffu, v, o * H);
+      if (e + o < P) v += w;
+    }
+    return __shfl_sync(0xffffffffu, v, h);
+  }
+};
+
+template <typename T, typename I, int PHASE>
+__global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_row_kernel(const Params<T, I> p) {
+  const int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (item >= p.num_items) return;   // warp-uniform
+  int64_t row, begin, end, slot;
+  load_item(p.work, p.rowptr, item, row, begin, end, slot);
+  if (PHASE == 1 && slot < 0) return;
+  const HeadLanes hl(p.H);
+  const int64_t H = p.H, h = hl.h, step = hl.P;
+  const int64_t rh = row * H + h;
+  const float a_dst = to_f(p.dst[rh]);
+  const float m = p.lse_in[rh], logl = p.lse_l_in[rh];
+  // z, alpha, the dropout keep factor and dP of CSR position pos (the row
+  // pass's expressions)
+  auto edge_terms = [&](int64_t pos, float& z, float& alpha, float& kf, float& dP, int64_t& eo) {
+    const I j = p.col[pos];
+    eo = p.edge ? (p.perm ? (int64_t)p.perm[pos] : pos) : 0;
+    z = to_f(p.src[(int64_t)j * H + h]) + a_dst;
+    if (p.edge) z += to_f(p.edge[eo * H + h]);
+    alpha = expf((leaky(z, p.slope) - m) - logl);
+    kf = keep_factor(p.drop_p, p.seed, pos, H, h);
+    dP = p.ds[pos * H + h];
+  };
+  float delta;
+  if (PHASE == 1) {
+    delta = p.delta[rh];
+  } else {
+    float d = 0.f;
+    for (int64_t pos = hl.first(begin, end); pos < end; pos += step) {
+      float z, alpha, kf, dP; int64_t eo;
+      edge_terms(pos, z, alpha, kf, dP, eo);
+      d += alpha * kf * dP;
+    }
+    delta = hl.sum(d);
+    if (slot >= 0) {   // a segment of a split row: its part of Delta only
+      if (hl.e == 0) p.part2[slot * H + h] = delta;
+      return;
+    }
+  }
+  float gacc = 0.f;
+  for (int64_t pos = hl.first(begin, end); pos < end; pos += step) {
+    float z, alpha, kf, dP; int64_t eo;
+    edge_terms(pos, z, alpha, kf, dP, eo);
+    const float dS = alpha * (dP * kf - delta);
+    const float gv = dS * dleaky(z, p.slope);
+    p.ds[pos * H + h] = gv;
+    if (p.d_edge) p.d_edge[eo * H + h] = from_f<T>(gv);
+    gacc += gv - dS;   // sum_j dS_ij (LeakyReLU'(z_ij) - 1): see "Centred row sums"
+  }
+  gacc = hl.sum(gacc);
+  if (hl.e == 0) {
+    if (slot < 0) p.d_dst[rh] = from_f<T>(gacc);
+    else p.part1[slot * H + h] = gacc;
+  }
+}
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_kernel(const Params<T, I> p) {
+  const int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (item >= p.num_items) return;   // warp-uniform
+  int64_t src, begin, end, slot;
+  load_item(p.work, p.t_rowptr, item, src, begin, end, slot);
+  const HeadLanes hl(p.H);
+  const int64_t H = p.H, h = hl.h;
+  float acc = 0.f;
+  for (int64_t q = hl.first(begin, end); q < end; q += hl.P) acc += p.ds[(int64_t)p.t_perm[q] * H + h];
+  acc = hl.sum(acc);
+  if (hl.e == 0) {
+    if (slot < 0) p.d_src[src * H + h] = from_f<T>(acc);
+    else p.part2[slot * H + h] = acc;
   }
 }
 

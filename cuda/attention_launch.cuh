@@ -157,6 +157,87 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   }
 }
 
+// GAT's backward in stored mode (bwd_gat_row_kernel): the column pass in
+// emit-dP mode gathers dO_i once per edge for d_val and dP, then two scalar
+// passes over the per-edge dP (fp32 [E, H], overwritten by g) give d_dst,
+// d_edge and d_src.  Split rows / columns use the schedule's slots.  fp32
+// only: in fp16/bf16 the two-gather backward (row pass + stored column pass,
+// whose packed tiles run 3 resident blocks and 8-edge column batches) measured
+// faster on an H100 (docs/KERNELS.md, session 12).
+template <typename T, typename I, int VEC>
+void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
+                           const at::TensorOptions& fo, cudaStream_t stream) {
+  const int64_t H = p.H;
+  // ---- column pass: d_val, and dP per edge into p.ds
+  p.work = iptr<I>(sc.t_work);
+  p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
+  p.G = choose_group(sc.group, p.F, VEC, GAT);
+  Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
+  p.tile = l.tile;
+  at::Tensor cpart1, cpart2;
+  if (sc.t_slots > 0) {
+    cpart1 = at::empty({sc.t_slots, H, p.F}, fo);
+    cpart2 = at::empty({sc.t_slots, H}, fo);
+  }
+  const bool t_split = sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0;
+  const int64_t t_items = p.num_items;
+  const I* t_work = p.work;
+  if (p.num_items > 0) {
+    p.part1 = sc.t_slots > 0 ? cpart1.data_ptr<float>() : nullptr;
+    bwd_col_kernel<GAT, T, I, VEC, kColEmitDP><<<l.grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (t_split && p.d_val) {
+    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), 128, 0, stream>>>(
+        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  // ---- scalar row pass: Delta, g (over dP), d_dst, d_edge; one warp per item
+  constexpr int kWarps = kThreads / 32;
+  p.work = iptr<I>(sc.work);
+  p.num_items = sc.work.defined() ? sc.work.size(0) : Nd;
+  at::Tensor part1, part2, delta;
+  const bool split = sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0;
+  if (sc.slots > 0) {
+    part1 = at::empty({sc.slots, H}, fo);
+    part2 = at::empty({sc.slots, H}, fo);
+    p.part1 = part1.data_ptr<float>();
+    p.part2 = part2.data_ptr<float>();
+  }
+  const unsigned rows_grid = (unsigned)std::max<int64_t>((p.num_items + kWarps - 1) / kWarps, 1);
+  if (p.num_items > 0) {
+    bwd_gat_row_kernel<T, I, 0><<<rows_grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (split && p.num_items > 0) {
+    const int64_t R = sc.merge.size(0);
+    delta = at::empty({std::max<int64_t>(Nd, 1), H}, fo);
+    p.delta = delta.data_ptr<float>();
+    merge_sum_kernel<float, I><<<(unsigned)(R * H), 128, 0, stream>>>(
+        sc.merge.data_ptr<I>(), R, H, 1, p.part2, p.delta);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    bwd_gat_row_kernel<T, I, 1><<<rows_grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    merge_sum_kernel<T, I><<<(unsigned)(R * H), 128, 0, stream>>>(
+        sc.merge.data_ptr<I>(), R, H, 1, p.part1, p.d_dst);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  // ---- scalar column pass: d_src[j] = sum_i g_ij
+  p.work = t_work;
+  p.num_items = t_items;
+  p.part2 = sc.t_slots > 0 ? cpart2.data_ptr<float>() : nullptr;
+  if (p.num_items > 0) {
+    bwd_gat_src_kernel<T, I><<<(unsigned)((p.num_items + kWarps - 1) / kWarps), kThreads, 0,
+                               stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (t_split) {
+    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), 128, 0, stream>>>(
+        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, 1, p.part2, p.d_src);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
 template <int KIND, typename T, typename I, int VEC>
 void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const BwdIn& bi,
               BwdOut& o) {
@@ -169,8 +250,22 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   // for the column pass: the Delta_i of each (row, head) the row pass used
   // (recompute mode) or g and alpha~ per edge (stored mode)
   const int64_t E = gr.col.numel();
-  const bool recompute = E > 0 && recompute_backward(E * p.H * 8);
+  // GAT with up to 32 heads stores one fp32 array per edge (dP, then g): see
+  // bwd_gat_single_gather; the other kinds two (g and pd)
+  constexpr bool kSingle = KIND == GAT && sizeof(T) == 4;   // fp32 only (see above)
+  const bool gat_single = kSingle && p.H <= 32;
+  const bool recompute = E > 0 && recompute_backward(E * p.H * (gat_single ? 4 : 8));
   at::Tensor delta, ds, pd;
+  p.d_dst = mptr<T>(o.d_dst); p.d_src = mptr<T>(o.d_src); p.d_val = mptr<T>(o.d_val);
+  p.d_edge = mptr<T>(o.d_edge);
+  if constexpr (kSingle) {
+    if (gat_single && !recompute) {
+      ds = at::empty({E, p.H}, fo);
+      p.ds = mptr<float>(ds);
+      bwd_gat_single_gather<T, I, VEC>(p, sc, Nd, Ns, fo, stream);
+      return;
+    }
+  }
   if (recompute) {
     delta = at::empty({std::max<int64_t>(Nd, 1), p.H}, fo);
     p.delta = delta.data_ptr<float>();
@@ -180,8 +275,6 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.ds = mptr<float>(ds);
     p.pd = mptr<float>(pd);
   }
-  p.d_dst = mptr<T>(o.d_dst); p.d_src = mptr<T>(o.d_src); p.d_val = mptr<T>(o.d_val);
-  p.d_edge = mptr<T>(o.d_edge);
   const int64_t featF = KIND == GAT ? 1 : p.F;   // width of d_dst / d_src rows
 
   // ---- row pass (destination side)
@@ -227,8 +320,8 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.part2 = cpart2.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    if (recompute) bwd_col_kernel<KIND, T, I, VEC, true><<<l.grid, kThreads, 0, stream>>>(p);
-    else bwd_col_kernel<KIND, T, I, VEC, false><<<l.grid, kThreads, 0, stream>>>(p);
+    if (recompute) bwd_col_kernel<KIND, T, I, VEC, kColRecompute><<<l.grid, kThreads, 0, stream>>>(p);
+    else bwd_col_kernel<KIND, T, I, VEC, kColStored><<<l.grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0) {

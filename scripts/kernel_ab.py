@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def kernel_class(name: str) -> str:
-    for key in ("fwd_merge", "merge_sum", "fwd_kernel", "bwd_row", "bwd_col", "alpha_kernel"):
+    for key in ("fwd_merge", "merge_sum", "fwd_kernel", "bwd_row", "bwd_col", "bwd_gat",
+                "alpha_kernel"):
         if key in name:
             return key
     return ""
@@ -102,6 +103,18 @@ def run(a) -> None:
         torch.cuda.empty_cache()
 
 
+def _value(r: dict, k: str):
+    """A kernel class's time of a case, ``bwd_all`` (every backward kernel,
+    merges included: the row / column passes or GAT's single-gather passes),
+    ``attn`` (all attention kernels), or a layer timing."""
+    kern = r["kernels"]
+    if k == "bwd_all":
+        return sum(v for c, v in kern.items() if c.startswith("bwd") or c == "merge_sum") or None
+    if k == "attn":
+        return sum(kern.values()) or None
+    return kern.get(k) if k.startswith(("fwd_k", "bwd")) else r.get(k)
+
+
 def compare(files) -> None:
     runs = [{(r["graph"], r["layer"], r["shape"], r["dtype"]): r
              for r in map(json.loads, Path(f).read_text().splitlines())} for f in files]
@@ -112,15 +125,15 @@ def compare(files) -> None:
     ratios = {}
     for key, r0 in base.items():
         name = " ".join(key)
-        for k in ("fwd_kernel", "bwd_row", "bwd_col", "gpu_fb_ms", "fb_ms", "fwd_ms"):
-            v0 = r0["kernels"].get(k) if k.startswith(("fwd_k", "bwd")) else r0.get(k)
+        for k in ("fwd_kernel", "bwd_row", "bwd_col", "bwd_all", "attn", "gpu_fb_ms", "fb_ms",
+                  "fwd_ms"):
+            v0 = _value(r0, k)
             if not v0:
                 continue
             cells = []
             for i, run_ in enumerate(runs[1:]):
                 r = run_.get(key)
-                v = None if r is None else (r["kernels"].get(k) if k.startswith(("fwd_k", "bwd"))
-                                            else r.get(k))
+                v = None if r is None else _value(r, k)
                 cells.append(f" {v / v0:6.3f}" if v else f" {'-':>6s}")
                 if v:
                     ratios.setdefault((i, key[3], k), []).append(v / v0)
