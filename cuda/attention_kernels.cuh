@@ -97,11 +97,14 @@ template <int KIND, typename T> constexpr int kRowBlocks =
 // bwd_gat_src_kernel) that finish d_dst, d_src and d_edge without gathering a
 // feature row again.
 enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2 };
+// GAT's emit-dP column pass: 2 resident blocks in fp32, 4 in fp16/bf16
+// (packed rows, 2-edge batches: 64 registers); measured on an H100 (session
+// 12): fp32 at 3 blocks and bf16 at 2 or 3 were slower
 #ifndef DFGNN_EMIT_BLOCKS
-#define DFGNN_EMIT_BLOCKS 2
+#define DFGNN_EMIT_BLOCKS 0
 #endif
 template <int KIND, typename T, int MODE> constexpr int kColBlocks =
-    MODE == kColEmitDP ? DFGNN_EMIT_BLOCKS
+    MODE == kColEmitDP ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 2)
                        : blocks_for(sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS,
                                     MODE != kColStored ? 2 : 3, DFGNN_COL_BLOCKS, 2);
 // resident blocks of GAT's scalar backward passes
@@ -450,11 +453,12 @@ template <int KIND, typename T> constexpr int kBatch =
 #ifndef DFGNN_HALF_COL_SCALE
 #define DFGNN_HALF_COL_SCALE 1
 #endif
-// GAT's emit-dP column pass (fp32 only): 2 edges (measured on an H100,
-// session 12: the backward 10 % faster than with 4).
+// GAT's emit-dP column pass: 2 edges (measured on an H100, session 12:
+// the backward 10 % faster than with 4 in fp32, 8 % in bf16).
 #ifndef DFGNN_EMIT_BATCH
 #define DFGNN_EMIT_BATCH 2
 #endif
+
 template <int KIND, bool RECOMPUTE, typename T> constexpr int kColBatch =
     (DFGNN_COL_BATCH ? DFGNN_COL_BATCH
                      : (KIND == GAT ? (RECOMPUTE ? 4 : 8) : (KIND == DOT && !RECOMPUTE ? 4 : 2))) *

@@ -160,10 +160,10 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
 // GAT's backward in stored mode (bwd_gat_row_kernel): the column pass in
 // emit-dP mode gathers dO_i once per edge for d_val and dP, then two scalar
 // passes over the per-edge dP (fp32 [E, H], overwritten by g) give d_dst,
-// d_edge and d_src.  Split rows / columns use the schedule's slots.  fp32
-// only: in fp16/bf16 the two-gather backward (row pass + stored column pass,
-// whose packed tiles run 3 resident blocks and 8-edge column batches) measured
-// faster on an H100 (docs/KERNELS.md, session 12).
+// d_edge and d_src.  Split rows / columns use the schedule's slots.  Measured
+// on an H100 against the two-gather backward (row pass + stored column pass;
+// docs/KERNELS.md, session 12): backward kernels 0.57-0.91x in fp32,
+// 0.68-0.95x in bf16.
 template <typename T, typename I, int VEC>
 void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
                            const at::TensorOptions& fo, cudaStream_t stream) {
@@ -252,7 +252,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   const int64_t E = gr.col.numel();
   // GAT with up to 32 heads stores one fp32 array per edge (dP, then g): see
   // bwd_gat_single_gather; the other kinds two (g and pd)
-  constexpr bool kSingle = KIND == GAT && sizeof(T) == 4;   // fp32 only (see above)
+  constexpr bool kSingle = KIND == GAT;
   const bool gat_single = kSingle && p.H <= 32;
   const bool recompute = E > 0 && recompute_backward(E * p.H * (gat_single ? 4 : 8));
   at::Tensor delta, ds, pd;
