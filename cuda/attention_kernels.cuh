@@ -93,7 +93,7 @@ template <int KIND, typename T> constexpr int kRowBlocks =
 // Column-pass modes (bwd_col_kernel's MODE): read g and pd per edge (stored),
 // recompute them from the row statistics and Delta (recompute), or GAT's
 // single-gather backward (emit dP): recompute alpha, accumulate d_val and write
-// dP_ij = <dO_i, x_j> per edge for the scalar passes (bwd_gat_row_kernel,
+// alpha~_ij dP_ij, dP_ij = <dO_i, x_j>, per edge for the scalar passes (bwd_gat_row_kernel,
 // bwd_gat_src_kernel) that finish d_dst, d_src and d_edge without gathering a
 // feature row again.
 enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2 };
@@ -1028,7 +1028,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND, T>) bwd_row_kernel(
 template <int KIND, typename T, typename I, int VEC, int MODE>
 __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_kernel(const Params<T, I> p) {
   constexpr bool RECOMPUTE = MODE != kColStored;   // alpha recomputed here
-  constexpr bool EMIT = MODE == kColEmitDP;        // GAT: write dP, leave g to the scalar passes
+  constexpr bool EMIT = MODE == kColEmitDP;        // GAT: write alpha~ dP, leave g to the scalar passes
   static_assert(!EMIT || KIND == GAT, "emit-dP mode is GAT's");
   constexpr int B = EMIT ? DFGNN_EMIT_BATCH : kColBatch<KIND, RECOMPUTE, T>;
   constexpr int NC = kChunks<VEC>;
@@ -1164,8 +1164,9 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
         const float alpha = ok ? expf((s - m[t]) - ll[t]) : 0.f;
         const float kf = ok ? keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h) : 0.f;
         const float dS = alpha * (dp[t] * kf - dl[t]);
-        if constexpr (EMIT) {   // one lane of the group writes the edge's dP (all hold it)
-          if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) p.ds[(int64_t)cp[t] * H + h] = dp[t];
+        if constexpr (EMIT) {   // one lane of the group writes alpha~ dP (all hold it)
+          if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1)))
+            p.ds[(int64_t)cp[t] * H + h] = alpha * kf * dp[t];
           gv = 0.f;
         } else if constexpr (KIND == GAT) gv = dS * dleaky(z[t], p.slope);
         else if constexpr (KIND == DOT) gv = dS * p.scale;
@@ -1223,10 +1224,12 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
 // dO_i (emit-dP mode above: x_j is the column's own row).  What remains is
 // scalar per (edge, head) and runs as two light passes over the per-edge dP
 // array, instead of a row pass gathering x_j a second time:
-//   bwd_gat_row_kernel (CSR): Delta_i = sum_j alpha~_ij dP_ij exactly (no
-//     <dO_i, O_i> from the rounded stored output), g_ij = dS_ij LeakyReLU'(z_ij)
-//     written over dP, d_dst[i] = sum_j dS_ij (LeakyReLU'(z_ij) - 1) (centred,
-//     see the row pass), d_edge = g;
+//   bwd_gat_row_kernel (CSR): the column pass wrote alpha~_ij dP_ij (alpha~ =
+//     alpha times the dropout keep factor), so Delta_i = sum_j alpha~_ij dP_ij
+//     exactly (no <dO_i, O_i> from the rounded stored output) is a contiguous
+//     sum; g_ij = dS_ij LeakyReLU'(z_ij) with dS_ij = alpha~_ij dP_ij - alpha_ij
+//     Delta_i is written over it, d_dst[i] = sum_j dS_ij (LeakyReLU'(z_ij) - 1)
+//     (centred, see the row pass), d_edge = g;
 //   bwd_gat_src_kernel (transposed CSR): d_src[j] = sum_i g_ij.
 // One warp per work item; lane l takes head l % H of edge l / H, so a warp
 // reads H*P consecutive entries of the [E, H] array at once (P = 32 / H
@@ -1270,38 +1273,29 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_row_ker
   const int64_t rh = row * H + h;
   const float a_dst = to_f(p.dst[rh]);
   const float m = p.lse_in[rh], logl = p.lse_l_in[rh];
-  // z, alpha, the dropout keep factor and dP of CSR position pos (the row
-  // pass's expressions)
-  auto edge_terms = [&](int64_t pos, float& z, float& alpha, float& kf, float& dP, int64_t& eo) {
-    const I j = p.col[pos];
-    eo = p.edge ? (p.perm ? (int64_t)p.perm[pos] : pos) : 0;
-    z = to_f(p.src[(int64_t)j * H + h]) + a_dst;
-    if (p.edge) z += to_f(p.edge[eo * H + h]);
-    alpha = expf((leaky(z, p.slope) - m) - logl);
-    kf = keep_factor(p.drop_p, p.seed, pos, H, h);
-    dP = p.ds[pos * H + h];
-  };
+  // the column pass wrote pd_ij = alpha~_ij dP_ij (alpha~ = alpha * keep)
   float delta;
   if (PHASE == 1) {
     delta = p.delta[rh];
-  } else {
+  } else {   // Delta_i = sum_j alpha~_ij dP_ij: a contiguous run of the [E, H] array
     float d = 0.f;
-    for (int64_t pos = hl.first(begin, end); pos < end; pos += step) {
-      float z, alpha, kf, dP; int64_t eo;
-      edge_terms(pos, z, alpha, kf, dP, eo);
-      d += alpha * kf * dP;
-    }
+    for (int64_t pos = hl.first(begin, end); pos < end; pos += step) d += p.ds[pos * H + h];
     delta = hl.sum(d);
     if (slot >= 0) {   // a segment of a split row: its part of Delta only
       if (hl.e == 0) p.part2[slot * H + h] = delta;
       return;
     }
   }
+  // dS_ij = alpha~_ij dP_ij - alpha_ij Delta_i, with z and alpha recomputed as
+  // the row pass does; g = dS LeakyReLU'(z) overwrites pd_ij
   float gacc = 0.f;
   for (int64_t pos = hl.first(begin, end); pos < end; pos += step) {
-    float z, alpha, kf, dP; int64_t eo;
-    edge_terms(pos, z, alpha, kf, dP, eo);
-    const float dS = alpha * (dP * kf - delta);
+    const I j = p.col[pos];
+    const int64_t eo = p.edge ? (p.perm ? (int64_t)p.perm[pos] : pos) : 0;
+    float z = to_f(p.src[(int64_t)j * H + h]) + a_dst;
+    if (p.edge) z += to_f(p.edge[eo * H + h]);
+    const float alpha = expf((leaky(z, p.slope) - m) - logl);
+    const float dS = p.ds[pos * H + h] - alpha * delta;
     const float gv = dS * dleaky(z, p.slope);
     p.ds[pos * H + h] = gv;
     if (p.d_edge) p.d_edge[eo * H + h] = from_f<T>(gv);

@@ -159,7 +159,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
 
 // GAT's backward in stored mode (bwd_gat_row_kernel): the column pass in
 // emit-dP mode gathers dO_i once per edge for d_val and dP, then two scalar
-// passes over the per-edge dP (fp32 [E, H], overwritten by g) give d_dst,
+// passes over the per-edge alpha~ dP (fp32 [E, H], overwritten by g) give d_dst,
 // d_edge and d_src.  Split rows / columns use the schedule's slots.  Measured
 // on an H100 against the two-gather backward (row pass + stored column pass;
 // docs/KERNELS.md, session 12): backward kernels 0.57-0.91x in fp32,
@@ -168,7 +168,7 @@ template <typename T, typename I, int VEC>
 void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
                            const at::TensorOptions& fo, cudaStream_t stream) {
   const int64_t H = p.H;
-  // ---- column pass: d_val, and dP per edge into p.ds
+  // ---- column pass: d_val, and alpha~ dP per edge into p.ds
   p.work = iptr<I>(sc.t_work);
   p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
   p.G = choose_group(sc.group, p.F, VEC, GAT);
@@ -192,7 +192,7 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
         sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  // ---- scalar row pass: Delta, g (over dP), d_dst, d_edge; one warp per item
+  // ---- scalar row pass: Delta, g (over alpha~ dP), d_dst, d_edge; one warp per item
   constexpr int kWarps = kThreads / 32;
   p.work = iptr<I>(sc.work);
   p.num_items = sc.work.defined() ? sc.work.size(0) : Nd;
