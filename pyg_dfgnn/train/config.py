@@ -243,7 +243,8 @@ class TrainConfig:
     attention_backward: str = _f(
         "auto", ("auto", "store", "recompute"),
         "backend=fused on CUDA: the attention backward's column pass; store = keep each "
-        "edge's alpha and dS (fp32, E x heads x 8 bytes while a layer's backward runs), "
+        "edge's alpha and dS (fp32, E x heads x 8 bytes while a layer's backward runs; GAT: "
+        "E x heads x 4), "
         "recompute = recompute them from the row statistics (no per-edge memory, a slower "
         "column pass), auto = store unless short of memory (or as PYG_DFGNN_BACKWARD says)")
     compile: CompileConfig = field(default_factory=CompileConfig)
