@@ -22,12 +22,13 @@
 // that alpha = exp((s - m) - log l): the error of the exponent does not grow
 // with |m| (a single fp32 m + log l loses log l's digits for large logits).
 //
-// Backward (FlashAttention-2 style) recomputes alpha from these statistics in
-// both of its passes: a row pass accumulates destination-side gradients and
-// saves the Delta_i it used ([N, H]); a column pass over the transposed CSR
-// recomputes each edge's alpha and dS from (m_i, log l_i, Delta_i) and
-// accumulates source-side gradients without atomics.  Nothing per edge is
-// stored between the passes.
+// Backward (FlashAttention-2 style) recomputes alpha from these statistics:
+// a row pass accumulates destination-side gradients, a column pass over the
+// transposed CSR source-side ones, without atomics; between them each edge's
+// g and alpha~ are stored (fp32 [E, H] x 2) or, in recompute mode, recomputed
+// from (m_i, log l_i, Delta_i).  GAT, whose score is a scalar, gathers feature
+// rows in its column pass only (emit-dP mode and two scalar passes: see
+// bwd_gat_row_kernel).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -1006,16 +1007,20 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND, T>) bwd_row_kernel(
 //   GAT:   d_src[j] = sum_i g_ij                      ([N, H])
 //   DOT:   d_src[j] = sum_i g_ij q_i
 //   GATV2: d_src[j] = sum_i g_ij att LeakyReLU'(z_ij) + d_val[j]   (value = src)
-// with g_ij the row pass's (dS times the score's derivative).  Two modes:
-//  * stored (RECOMPUTE = false): the row pass wrote g and pd per edge as fp32
+// with g_ij the row pass's (dS times the score's derivative).  Modes (MODE):
+//  * stored (kColStored): the row pass wrote g and pd per edge as fp32
 //    [E, H] (CSR order), read back here through t_perm: E x H x 8 bytes
 //    written and read;
-//  * recompute (RECOMPUTE = true): g and pd are recomputed here from the row
+//  * recompute (kColRecompute): g and pd are recomputed here from the row
 //    statistics (m_i, log l_i) and the row pass's Delta_i, FlashAttention-
 //    style; nothing per edge is stored.  Measured on an H100 (docs/KERNELS.md,
 //    session 8) this pass then costs about as much as the row pass (two
 //    butterflies and an exp per edge): layer forward+backward +8-13 %, peak
-//    memory -20-60 % at 8 heads.  The launcher picks the mode.
+//    memory -20-60 % at 8 heads.  The launcher picks the mode;
+//  * emit-dP (kColEmitDP, GAT's stored mode, run *before* any row pass): alpha
+//    is recomputed as in recompute mode, d_val accumulated, and alpha~_ij dP_ij
+//    written per edge (E x H x 4 bytes) for the scalar passes below, which
+//    produce d_dst, d_edge and d_src (GAT's single-gather backward).
 // In recompute mode the expressions are the row pass's, in the same order, on
 // the same lane layout (both passes launch with the same G and tile), so they
 // agree with the row pass's values to a few roundings (the compiler contracts
