@@ -235,6 +235,55 @@ def feats(n: int, f: int, device: str, dtype=None, seed: int = 0) -> Tensor:
         device, dtype or dtype_for(device)).requires_grad_()
 
 
+#: the small graph of the layer tests' core and format cases
+N, F_IN, E = 12, 8, 40
+
+
+def check_core(pyg_cls: type, our_cls: type, device: str, heads: int, edge_dim, **layer_kw):
+    """A layer's core case: ``N`` nodes, ``E`` random edges (seeded by
+    ``heads``), ``F_IN`` input features, 5 channels per head, optional 4-wide
+    edge features, attention dropout 0.4 (inactive: eval); ``layer_kw`` are the
+    layer's own options."""
+    ei = random_edge_index(N, N, E, seed=heads, device=device)
+    x = feats(N, F_IN, device)
+    ea = feats(E, 4, device, seed=1) if edge_dim else None
+    kw = dict(in_channels=F_IN, out_channels=5, heads=heads, edge_dim=edge_dim, dropout=0.4,
+              **layer_kw)
+    check_equivalence(pyg_cls, our_cls, kw, (x, ei), dict(edge_attr=ea), device=device)
+
+
+def check_formats(pyg_cls: type, our_cls: type, device: str, fmt: str, edge_dim,
+                  bipartite: bool, ret: bool, **layer_kw):
+    """A layer on every adjacency format PyG accepts (``fmt``, see
+    :func:`make_adj`), square or bipartite (10 sources with ``F_IN`` features,
+    7 targets with 6), 2 heads of 4 channels, optional 3-wide edge features,
+    with or without ``return_attention_weights``."""
+    ns, nd = (10, 7) if bipartite else (N, N)
+    adj, ne = make_adj(random_edge_index(ns, nd, E, seed=3, device=device), fmt, ns, nd)
+    x = (feats(ns, F_IN, device), feats(nd, 6, device, seed=2)) if bipartite else \
+        feats(N, F_IN, device)
+    ea = feats(ne, 3, device, seed=1) if edge_dim else None
+    kw = dict(in_channels=(F_IN, 6) if bipartite else F_IN, out_channels=4, heads=2,
+              edge_dim=edge_dim, **layer_kw)
+    check_equivalence(pyg_cls, our_cls, kw, (x, adj),
+                      dict(edge_attr=ea, return_attention_weights=True if ret else None),
+                      device=device)
+
+
+def check_state_dict_round_trip(pyg_cls: type, our_cls: type, **kw):
+    """Our layer has PyG's ``state_dict`` keys and ``repr``, loads PyG's
+    weights, and PyG's layer loads ours back unchanged."""
+    ref, ours = pyg_cls(**kw), our_cls(**kw)
+    assert list(ref.state_dict()) == list(ours.state_dict())
+    assert repr(ref) == repr(ours)
+    ours.load_state_dict(ref.state_dict())
+    ref2 = pyg_cls(**kw)
+    ref2.load_state_dict(ours.state_dict())
+    for (k, a), b in zip(ref.state_dict().items(), ref2.state_dict().values()):
+        assert torch.equal(a, b), k
+    return ours
+
+
 def deepcopy_module(m: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(m)
 

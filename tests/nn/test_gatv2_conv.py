@@ -5,9 +5,8 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import GATv2Conv
 
-from ._equiv import DEVICES, FORMATS, check_equivalence, feats, make_adj, random_edge_index
-
-N, F_IN, E = 12, 8, 40
+from ._equiv import (DEVICES, E, FORMATS, F_IN, N, check_core, check_equivalence, check_formats,
+                     check_state_dict_round_trip, feats, random_edge_index)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -16,13 +15,8 @@ N, F_IN, E = 12, 8, 40
 @pytest.mark.parametrize("concat", [True, False])
 @pytest.mark.parametrize("heads", [1, 3])
 def test_core(device, heads, concat, loops, edge_dim):
-    ei = random_edge_index(N, N, E, seed=heads, device=device)
-    x = feats(N, F_IN, device)
-    ea = feats(E, 4, device, seed=1) if edge_dim else None
-    kw = dict(in_channels=F_IN, out_channels=5, heads=heads, concat=concat,
-              add_self_loops=loops, edge_dim=edge_dim, dropout=0.4)  # eval: inactive
-    check_equivalence(pyg_nn.GATv2Conv, GATv2Conv, kw, (x, ei), dict(edge_attr=ea),
-                      device=device)
+    check_core(pyg_nn.GATv2Conv, GATv2Conv, device, heads, edge_dim,
+               concat=concat, add_self_loops=loops)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -32,16 +26,8 @@ def test_core(device, heads, concat, loops, edge_dim):
 @pytest.mark.parametrize("loops", [True, False])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_formats(device, fmt, loops, edge_dim, bipartite, ret):
-    ns, nd = (10, 7) if bipartite else (N, N)
-    adj, ne = make_adj(random_edge_index(ns, nd, E, seed=3, device=device), fmt, ns, nd)
-    x = (feats(ns, F_IN, device), feats(nd, 6, device, seed=2)) if bipartite else \
-        feats(N, F_IN, device)
-    ea = feats(ne, 3, device, seed=1) if edge_dim else None
-    kw = dict(in_channels=(F_IN, 6) if bipartite else F_IN, out_channels=4, heads=2,
-              add_self_loops=loops, edge_dim=edge_dim)
-    check_equivalence(pyg_nn.GATv2Conv, GATv2Conv, kw, (x, adj),
-                      dict(edge_attr=ea, return_attention_weights=True if ret else None),
-                      device=device)
+    check_formats(pyg_nn.GATv2Conv, GATv2Conv, device, fmt, edge_dim, bipartite, ret,
+                  add_self_loops=loops)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -106,12 +92,5 @@ def test_dropout_training_statistics():
 
 
 def test_state_dict_round_trip():
-    kw = dict(in_channels=(6, 5), out_channels=4, heads=3, edge_dim=2, residual=True)
-    ref, ours = pyg_nn.GATv2Conv(**kw), GATv2Conv(**kw)
-    assert list(ref.state_dict()) == list(ours.state_dict())
-    assert repr(ref) == repr(ours)
-    ours.load_state_dict(ref.state_dict())
-    ref2 = pyg_nn.GATv2Conv(**kw)
-    ref2.load_state_dict(ours.state_dict())
-    for (k, a), b in zip(ref.state_dict().items(), ref2.state_dict().values()):
-        assert torch.equal(a, b), k
+    check_state_dict_round_trip(pyg_nn.GATv2Conv, GATv2Conv, in_channels=(6, 5), out_channels=4,
+                                heads=3, edge_dim=2, residual=True)
