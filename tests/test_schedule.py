@@ -47,6 +47,10 @@ def test_plan_is_cached_and_explained():
         assert p2.split == 64 and p2.group == 8 and p2.work is not None
     text = schedule.explain_schedule(gr, 0, 64, 4)
     assert "schedule:" in text and "max in-degree" in text
+    # the CUDA backward's passes: GAT's single gather up to 32 heads
+    assert "one feature gather per edge" in text and "E x H x 4" in text
+    assert "row pass + column pass" in schedule.explain_schedule(gr, 0, 64, 33)
+    assert "row pass + column pass" in schedule.explain_schedule(gr, 2, 64, 4)
     with schedule.override(split=0):
         assert schedule.plan_for(gr, 0, 64, 4, torch.float32).work is None
 
