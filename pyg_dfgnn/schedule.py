@@ -237,12 +237,11 @@ def backward_path(kind: int, heads: int) -> str:
     """The CUDA backward's passes for ``kind`` and ``heads``
     (cuda/attention_launch.cuh: bwd_impl), in stored mode and in recompute
     mode (:data:`pyg_dfgnn.ops.fused.BACKWARD_MODES`)."""
-    two = ("row pass + column pass; stored mode keeps fp32 g and alpha~ per edge "
-           "(E x H x 8 bytes)")
     from .ops.reference import GAT
     if kind == GAT and heads <= 32:   # cuda/attention_launch.cuh: bwd_gat_single_gather
         stored = ("one feature gather per edge (column pass emitting alpha~ dP, then scalar "
                   "row and source passes; stored mode keeps E x H x 4 bytes)")
     else:
-        stored = two
+        stored = ("row pass + column pass; stored mode keeps fp32 g and alpha~ per edge "
+                  "(E x H x 8 bytes)")
     return f"{stored}; recompute mode: row pass + recomputing column pass (nothing per edge)"
