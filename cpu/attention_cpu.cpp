@@ -278,6 +278,8 @@ void forward(const Args<T, I>& a, T* out, float* lse, T* alpha, const float* att
       for (int64_t h = 0; h < H; ++h) {
         const float inv = any ? 1.f / l[h] : 0.f;
         scal(acc.data() + h * F, inv, F);
+        // GAT: att is the optional output bias [H, F], added before the one rounding
+        if (KIND == GAT && att) axpy(acc.data() + h * F, 1.f, att + h * F, F);
         lse[i * H + h] = any ? m[h] : kNegInf;
         lse[(a.Nd + i) * H + h] = any ? std::log(l[h]) : 0.f;
         if (alpha) {
@@ -601,7 +603,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
     T* al = need_alpha ? mptr<T>(alpha) : nullptr;
     T* o = mptr<T>(out);
     float* ls = mptr<float>(lse);
-    if (kind == GAT) forward<GAT>(a, o, ls, al, nullptr);
+    if (kind == GAT) forward<GAT>(a, o, ls, al, in.att.defined() ? att_float<T>(in).data() : nullptr);
     else if (kind == GATV2) forward<GATV2>(a, o, ls, al, att_float<T>(in).data());
     else forward<DOT>(a, o, ls, al, nullptr);
   });
@@ -662,6 +664,9 @@ std::vector<at::Tensor> attention_bwd(
     if (kind == GAT) {
       backward_rows<GAT>(a, b, nullptr, att_parts);
       backward_cols<GAT>(a, b, nullptr);
+      // the output bias: a column sum of grad_out (Delta is recomputed, so the
+      // stored out, which includes the bias, is not read)
+      if (in.att.defined()) d_att.copy_(grad_out.sum(0, false, at::kFloat).view_as(d_att));
     } else if (kind == GATV2) {
       const std::vector<float> att_f = att_float<T>(in);
       backward_rows<GATV2>(a, b, att_f.data(), att_parts);

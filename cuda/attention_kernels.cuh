@@ -208,6 +208,7 @@ struct Params {
   const I* work; int64_t num_items;
   // model inputs ([N, H, F] or [N, H] for GAT's scalars)
   const T* dst; const T* src; const T* val; const T* edge; const T* att;
+  const T* bias;       // GAT: output bias [H, F] added in the epilogue (the op's att), or null
   int64_t H, F;        // heads, features of the value (and of q/k for vector scores)
   int G;               // lanes per (item, head)
   int64_t tile;        // features per tile handled by one launch column
@@ -656,6 +657,7 @@ __device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g,
     for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[c][k] *= inv;
+    if (p.bias) add_tile<T, VEC>(ft, p.bias + h * p.F, acc);   // (a row without edges: b)
     store_tile<T, VEC>(ft, p.out + (row * p.H + h) * p.F, acc);
     if (blockIdx.y == 0 && g.lg == 0) {
       const bool any = it.end > it.begin;
@@ -785,7 +787,8 @@ template <typename T, typename I>
 __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int64_t R, int64_t H,
                                                              int64_t F, const float* part_acc,
                                                              const float* part_m,
-                                                             const float* part_l, T* out,
+                                                             const float* part_l,
+                                                             const T* bias, T* out,
                                                              float* lse, float* lse_l) {
   const int64_t rh = blockIdx.x;  // one block per (merged row, head)
   if (rh >= R * H) return;
@@ -800,7 +803,7 @@ __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int
     float a = 0.f;
     for (int64_t s = s0; s < s1; ++s)
       a += part_acc[(s * H + h) * F + f] * expf(part_m[s * H + h] - M);
-    out[(row * H + h) * F + f] = from_f<T>(a * inv);
+    out[(row * H + h) * F + f] = from_f<T>(a * inv + (bias ? to_f(bias[h * F + f]) : 0.f));
   }
   if (threadIdx.x == 0) {
     lse[row * H + h] = M;

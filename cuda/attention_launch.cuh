@@ -111,6 +111,7 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
   p.dst = cptr<T>(fa.dst); p.src = cptr<T>(fa.src);
   p.val = kind == GATV2 ? cptr<T>(fa.src) : cptr<T>(fa.val);
   p.edge = cptr<T>(fa.edge); p.att = cptr<T>(fa.att);
+  p.bias = kind == GAT ? p.att : nullptr;   // GAT's att: the output bias
   const at::Tensor& v = kind == GATV2 ? fa.src : fa.val;
   p.H = v.size(1);
   p.F = v.size(2);
@@ -147,7 +148,8 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
     const int64_t R = sc.merge.size(0);
     fwd_merge_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
-        sc.merge.data_ptr<I>(), R, p.H, p.F, p.part_acc, p.part_m, p.part_l, p.out, p.lse, p.lse_l);
+        sc.merge.data_ptr<I>(), R, p.H, p.F, p.part_acc, p.part_m, p.part_l, p.bias, p.out, p.lse,
+        p.lse_l);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (fa.need_alpha && p.num_items > 0 && gr.col.numel() > 0) {
@@ -265,6 +267,13 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
       bwd_gat_single_gather<T, I, VEC>(p, sc, Nd, Ns, fo, stream);
       return;
     }
+  }
+  // the other passes take Delta = <dO, O> from the stored output: GAT's bias
+  // folded into it comes off first (one rounding of the output's magnitude)
+  at::Tensor unbiased;
+  if (KIND == GAT && fa.att.defined()) {
+    unbiased = bi.out - fa.att;
+    p.o = cptr<T>(unbiased);
   }
   if (recompute) {
     delta = at::empty({std::max<int64_t>(Nd, 1), p.H}, fo);

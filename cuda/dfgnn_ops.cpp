@@ -53,6 +53,10 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
   TORCH_CHECK(kind >= 0 && kind <= 2, "pyg_dfgnn: unknown attention kind ", kind);
   TORCH_CHECK(kind == 1 || f.val.defined(), "pyg_dfgnn: 'value' is required for this kind");
   TORCH_CHECK(kind != 1 || f.att.defined(), "pyg_dfgnn: 'att' is required for GATv2");
+  TORCH_CHECK(kind != 0 || !f.att.defined() ||
+                  (f.att.dim() == 2 && f.val.dim() == 3 && f.att.size(0) == f.val.size(1) &&
+                   f.att.size(1) == f.val.size(2)),
+              "pyg_dfgnn: GAT's 'att' (the output bias) must be [H, F] like the value's heads");
   const auto dt = src.scalar_type();
   for (auto* t : {&f.dst, &f.src, &f.val, &f.edge, &f.att}) {
     if (!t->defined()) continue;
@@ -101,10 +105,11 @@ struct Layout {
 Layout fit_features(int64_t kind, FeatArgs& f) {
   Layout l;
   const auto dt = f.src.scalar_type();
-  if (kind == 0) {  // GAT: only the value rows are vectors
+  if (kind == 0) {  // GAT: only the value rows (and the output bias) are vectors
     l.F = f.val.size(2);
     l.Fp = padded_width(l.F, dt);
     f.val = fit(f.val, l.Fp);
+    f.att = fit(f.att, l.Fp);
   } else {
     // one width for q/k, v, edge and att (they may differ for dot: zero
     // columns change no score)
@@ -187,7 +192,13 @@ std::vector<at::Tensor> attention_bwd(
   o.d_val = (kind != 1 && f.val.defined()) ? at::empty_like(f.val) : empty();
   o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty();
   o.d_att = f.att.defined() ? at::empty_like(f.att) : empty();
-  if (kind == 0) bwd_gat(g, f, s, bi, o);
+  if (kind == 0) {
+    bwd_gat(g, f, s, bi, o);
+    if (f.att.defined()) {   // the output bias: a column sum of grad_out, as a GEMV
+      const auto g2 = bi.grad_out.reshape({-1, f.att.numel()});
+      o.d_att.copy_(at::mv(g2.t(), at::ones({g2.size(0)}, g2.options())).view_as(o.d_att));
+    }
+  }
   else if (kind == 1) bwd_gatv2(g, f, s, bi, o);
   else bwd_dot(g, f, s, bi, o);
   // gradients in the caller's widths (the padded columns are dropped)

@@ -77,6 +77,12 @@ def run(a) -> None:
                         e.synchronize()
                         ts.append(s.elapsed_time(e))
                     times[pname + "_ms"] = statistics.median(ts)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(a.prof_reps):
+                        fwd()
+                    torch.cuda.synchronize()
+                fwd_total = sum(ev.device_time_total for ev in prof.key_averages()
+                                if ev.device_type.name == "CUDA") / a.prof_reps / 1e3
                 kern = {}
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(a.prof_reps):
@@ -92,12 +98,14 @@ def run(a) -> None:
                     if k:
                         kern[k] = kern.get(k, 0.0) + t
                 row = {"graph": spec["name"], "layer": lname, "shape": shp, "dtype": dname,
-                       "build": extra, **times, "gpu_fb_ms": total, "kernels": kern}
+                       "build": extra, **times, "gpu_fwd_ms": fwd_total, "gpu_fb_ms": total,
+                       "kernels": kern}
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 ks = " ".join(f"{k}={v:.3f}" for k, v in sorted(kern.items()))
                 print(f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s} fwd {times['fwd_ms']:.3f} "
-                      f"fb {times['fb_ms']:.3f} gpu {total:.3f} | {ks}", flush=True)
+                      f"fb {times['fb_ms']:.3f} gpu fwd {fwd_total:.3f} fb {total:.3f} | {ks}",
+                      flush=True)
                 del ours, x, xs
         del g, ei
         torch.cuda.empty_cache()
@@ -125,8 +133,8 @@ def compare(files) -> None:
     ratios = {}
     for key, r0 in base.items():
         name = " ".join(key)
-        for k in ("fwd_kernel", "bwd_row", "bwd_col", "bwd_all", "attn", "gpu_fb_ms", "fb_ms",
-                  "fwd_ms"):
+        for k in ("fwd_kernel", "bwd_row", "bwd_col", "bwd_all", "attn", "gpu_fwd_ms",
+                  "gpu_fb_ms", "fb_ms", "fwd_ms"):
             v0 = _value(r0, k)
             if not v0:
                 continue

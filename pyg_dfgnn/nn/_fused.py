@@ -133,11 +133,15 @@ class FusedAttentionMixin:
             edge_attr = edge_attr.view(-1, 1)
         return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
 
-    def _fused_merge_heads(self, out: Tensor, res: Optional[Tensor]) -> Tensor:
-        """GAT/GATv2 epilogue: concat or average heads, residual, bias.  ``out``
-        may be in the kernels' padded head width (:mod:`._padded`): its real
-        columns are sliced out in the pass that adds the bias."""
+    def _fused_merge_heads(self, out: Tensor, res: Optional[Tensor],
+                           add_bias_here: bool = True) -> Tensor:
+        """GAT/GATv2 epilogue: concat or average heads, residual, bias (unless
+        ``add_bias_here`` is false: the kernel added it).  ``out`` may be in the
+        kernels' padded head width (:mod:`._padded`): its real columns are
+        sliced out in the pass that adds the bias."""
         H, C = self.heads, self.out_channels
+        if not add_bias_here:   # (the kernel's output is the layer's, as a view)
+            return out.view(-1, H * C) if self.concat else out.view(-1, C)
         if out.size(-1) != C:
             out = out[..., :C]
             if self.concat and self.bias is not None and res is None:

@@ -35,6 +35,23 @@ def _folded_logits(lin, x: Tensor, atts) -> Optional[Tensor]:
     return torch.nn.functional.linear(x, fold)
 
 
+def _epilogue_bias(conv, x_src: Tensor, res: Optional[Tensor]) -> Optional[Tensor]:
+    r"""The layer's bias as the fused op's ``bias [H, C]`` (added in the kernel's
+    epilogue instead of a pass over the output), or ``None`` where PyG's own
+    epilogue must run: no bias, a residual (added before the bias), averaged
+    heads (``concat=False`` with ``H > 1``), value rows the layer padded to the
+    kernels' width (their real columns are sliced out in the bias pass anyway),
+    more than 32 heads (the backward would take :math:`\Delta` from the output
+    minus the bias instead of GAT's exact single-gather sum), or a bias of
+    another dtype than the features (autocast: PyG's ``out + bias`` promotes
+    the result to the bias' dtype)."""
+    b, H, C = conv.bias, conv.heads, conv.out_channels
+    if (b is None or res is not None or not (conv.concat or H == 1) or H > 32
+            or x_src.size(-1) != C or b.dtype != x_src.dtype or b.numel() != H * C):
+        return None
+    return b.view(H, C)
+
+
 class GATConv(FusedAttentionMixin, _PyGGATConv):
     r"""The graph attentional operator from the `"Graph Attention Networks"
     <https://arxiv.org/abs/1710.10903>`_ paper, with PyG's exact interface.
@@ -50,7 +67,9 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
     is the only change a model needs.  The attention (score, edge softmax,
     dropout, aggregation) runs as one fused op on a cached CSR view of the
     graph (:func:`pyg_dfgnn.ops.gat_attention`); self-loops are added to that
-    cached view instead of to ``edge_index`` on every call.
+    cached view instead of to ``edge_index`` on every call, and the bias is
+    added in the kernel's epilogue where PyG's result allows it
+    (:func:`_epilogue_bias`).
 
     Falls back to PyG's own message passing (same results, unfused) in
     explain mode, with message-passing hooks, ``decomposed_layers > 1``,
@@ -167,10 +186,11 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
 
         x_src, alpha_src, alpha_dst, alpha_edge = common_dtype(
             x_src, alpha_src, alpha_dst, alpha_edge)
+        bias = _epilogue_bias(self, x_src, res)
         out, alpha = gat_attention(adj.graph, x_src, alpha_src, alpha_dst, alpha_edge,
                                    self.negative_slope, self._fused_dropout,
-                                   bool(return_attention_weights))
-        out = self._fused_merge_heads(out, res)
+                                   bool(return_attention_weights), bias)
+        out = self._fused_merge_heads(out, res, add_bias_here=bias is None)
         if return_attention_weights:
             return attention_weights(out, adj.adj, alpha)
         return out

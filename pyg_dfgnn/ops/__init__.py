@@ -138,19 +138,22 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
 
 def gat_attention(graph: CSRGraph, x: Tensor, a_src: Tensor, a_dst: Tensor,
                   a_edge: Optional[Tensor] = None, negative_slope: float = 0.2,
-                  dropout: float = 0.0, return_alpha: bool = False
-                  ) -> Tuple[Tensor, Optional[Tensor]]:
+                  dropout: float = 0.0, return_alpha: bool = False,
+                  bias: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     r"""GAT: :math:`o_i = \sum_j \mathrm{softmax}_j(\mathrm{LeakyReLU}(a^{src}_j + a^{dst}_i
-    + a^{edge}_{ij}))\, x_j`.
+    + a^{edge}_{ij}))\, x_j \;[+\, b]`.
 
     ``x [N_src, H, F]``, ``a_src [N_src, H]``, ``a_dst [N_dst, H]``,
-    ``a_edge [E, H]`` in original edge order.
+    ``a_edge [E, H]`` in original edge order; ``bias [H, F]`` (optional) is
+    added to every output row in the kernel's epilogue (a row without edges
+    gets ``b``), saving the layer a pass over the output; its gradient is the
+    column sum of the output gradient.
     """
     _check_inputs(graph, ("x", x, ("src", "H", "F")), ("a_src", a_src, ("src", "H")),
                   ("a_dst", a_dst, ("dst", "H")), ("a_edge", a_edge, ("E", "H")),
-                  optional=("a_edge",))
+                  ("bias", bias, ("H", "F")), optional=("a_edge", "bias"))
     negative_slope = _check_float("negative_slope", negative_slope)
-    return _run(GAT, graph, a_dst, a_src, x, a_edge, None, 1.0, negative_slope, dropout,
+    return _run(GAT, graph, a_dst, a_src, x, a_edge, bias, 1.0, negative_slope, dropout,
                 return_alpha)
 
 

@@ -124,7 +124,10 @@ def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
     edges), ``lse[1]`` ``log(l)``, ``l = sum_j exp(s_ij - m)`` (``0`` for a row
     without edges); float32, float64 for float64 inputs.  The backward
     recomputes ``alpha = exp((s - m) - log(l))``.  The transposed CSR
-    (``t_*``) is unused here but saved for backward."""
+    (``t_*``) is unused here but saved for backward.  ``att`` is GATv2's
+    attention vector ``[H, F]``; for GAT it is an optional output bias
+    ``[H, F]`` added in the epilogue (its gradient: the column sum of
+    ``grad_out``)."""
     return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
                                  att, scale, negative_slope, dropout_p, _seed_int(seed),
                                  need_alpha)

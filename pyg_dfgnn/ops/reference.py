@@ -15,7 +15,9 @@ tested against.  For every destination row :math:`i` with incoming edges
 with the score per model kind:
 
 * ``GAT``:   :math:`s = \mathrm{LeakyReLU}(a^{src}_j + a^{dst}_i [+ a^{edge}_{ij}])`
-  (``dst_feat [N_dst, H]``, ``src_feat [N_src, H]``, ``edge [E, H]``);
+  (``dst_feat [N_dst, H]``, ``src_feat [N_src, H]``, ``edge [E, H]``); its
+  ``att [H, F]``, when given, is an output bias: :math:`o_i + b` (the layer's
+  bias, folded into the kernels' epilogue);
 * ``GATV2``: :math:`s = \langle a, \mathrm{LeakyReLU}(x^{src}_j + x^{dst}_i [+ x^{edge}_{ij}])\rangle`
   (``[.., H, F]`` features, ``att [H, F]``; the value is ``src_feat``);
 * ``DOT``:   :math:`s = \mathrm{scale}\,\langle q_i, k_j [+ e_{ij}]\rangle`, value
@@ -207,6 +209,8 @@ def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Ten
         alpha = alpha * keep / (1.0 - dropout_p)
     v = _value_csr(kind, col_l, src_f, val_f, edge_f)
     out = _seg_sum(alpha.unsqueeze(-1) * v, rows, nd)
+    if kind == GAT and att_f is not None:   # GAT's output bias
+        out = out + att_f
     out_dtype = value.dtype if (value is not None and kind != GATV2) else src_feat.dtype
     alpha_out = _edge_orig(alpha, used, col.numel()).to(out_dtype) if need_alpha else \
         s.new_empty((0,), dtype=out_dtype)
@@ -248,6 +252,8 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
         d_src = _seg_sum(g, col_l, ns)
         d_edge = _edge_orig(g, used, E_all) if edge is not None else empty()
         d_value = _seg_sum(d_v_edge, col_l, ns)
+        if att is not None:   # the output bias
+            d_att = dout.sum(0)
     elif kind == GATV2:
         slope = _dleaky(aux, negative_slope)
         gz = dS.unsqueeze(-1) * att_f * slope
@@ -276,7 +282,7 @@ def naive_attention(kind: int, edge_index: Tensor, num_dst: int, dst_feat: Tenso
     """Gather + PyG softmax + scatter on an unsorted ``edge_index`` (autograd
     gives the gradients).  The independent oracle of the tests and the "native
     PyG" contender of the benchmarks.  ``keep`` is a pre-scaled dropout
-    multiplier ``[E, H]`` in edge order."""
+    multiplier ``[E, H]`` in edge order.  GAT's ``att`` is the output bias."""
     from torch_geometric.utils import softmax
     src, dst = edge_index[0], edge_index[1]
     if kind == GAT:
@@ -297,4 +303,6 @@ def naive_attention(kind: int, edge_index: Tensor, num_dst: int, dst_feat: Tenso
         alpha = alpha * keep
     msg = alpha.unsqueeze(-1) * vj
     out = msg.new_zeros((num_dst,) + tuple(msg.shape[1:])).index_add_(0, dst, msg)
+    if kind == GAT and att is not None:   # GAT's output bias
+        out = out + att
     return out, alpha

@@ -179,3 +179,48 @@ def test_bf16_gradients_within_pygs_error(seed):
     check_bf16_against_float64(pyg_nn.GATConv, GATConv,
                                dict(in_channels=16, out_channels=16, heads=2),
                                draws=range(seed * 1000, seed * 1000 + 400), away_from_kink=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bias_folded_into_the_kernel_epilogue(device, monkeypatch):
+    """The layer's bias goes into the fused op's epilogue (``bias [H, C]``)
+    exactly where PyG's result allows it: concatenated heads or one head,
+    no residual, a bias of the features' dtype, at most 32 heads.  Every case
+    matches PyG's layer, forward and backward."""
+    from pyg_dfgnn.nn import gat_conv
+    seen = []
+    fold = gat_conv._epilogue_bias
+
+    def recorded(*args):
+        seen.append(fold(*args))
+        return seen[-1]
+    monkeypatch.setattr(gat_conv, "_epilogue_bias", recorded)
+    ei = random_edge_index(N, N, E, device=device)
+    for kw, folded in [(dict(heads=3), True), (dict(heads=1, concat=False), True),
+                       (dict(heads=3, concat=False), False),
+                       (dict(heads=3, residual=True), False), (dict(heads=3, bias=False), False),
+                       (dict(heads=33), False)]:
+        seen.clear()
+        check_equivalence(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, out_channels=4, **kw),
+                          (feats(N, F_IN, device), ei), device=device)
+        assert seen and all((b is not None) == folded for b in seen), kw
+
+
+def test_bias_under_autocast_keeps_pygs_dtype(monkeypatch):
+    """Under autocast PyG's ``out + bias`` promotes the bf16 attention output to
+    the fp32 bias' dtype: the bias is then added outside the kernel, so the
+    layer returns PyG's dtype.  (Values under autocast: test_glue.py and the
+    bf16 tests, against float64.)"""
+    from pyg_dfgnn.nn import gat_conv
+    seen = []
+    fold = gat_conv._epilogue_bias
+    monkeypatch.setattr(gat_conv, "_epilogue_bias", lambda *a: seen.append(fold(*a)) or seen[-1])
+    torch.manual_seed(0)
+    ref = pyg_nn.GATConv(F_IN, 4, heads=2)
+    ours = GATConv(F_IN, 4, heads=2)
+    ours.load_state_dict(ref.state_dict())
+    x, ei = torch.randn(N, F_IN), random_edge_index(N, N, E)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = ref(x, ei), ours(x, ei)
+    assert b.dtype == a.dtype == torch.float32
+    assert seen == [None] and torch.isfinite(b).all()

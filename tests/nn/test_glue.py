@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import torch_geometric.nn as pygnn
 
 import pyg_dfgnn.nn as dnn
-from pyg_dfgnn.nn import _glue, _padded
+from pyg_dfgnn.nn import _glue, _padded, gat_conv
 
 from ._equiv import assert_same_grads, check_bf16_against_float64
 
@@ -79,13 +79,24 @@ CASES = [
 
 @pytest.fixture
 def gemv_calls(monkeypatch):
+    """The column sums of the layers' bias gradients: ``_glue``'s GEMVs, plus
+    (as ``"epilogue"``) GAT's output bias where the layer folds it into the
+    fused op, whose backward sums the column itself (a GEMV in the CUDA op)."""
     calls = []
     col_sum = _glue._column_sum
+    fold = gat_conv._epilogue_bias
 
     def counted(g2):
         calls.append(tuple(g2.shape))
         return col_sum(g2)
+
+    def folded(*args):
+        b = fold(*args)
+        if b is not None:
+            calls.append("epilogue")
+        return b
     monkeypatch.setattr(_glue, "_column_sum", counted)
+    monkeypatch.setattr(gat_conv, "_epilogue_bias", folded)
     return calls
 
 

@@ -4,7 +4,24 @@ import torch
 from pyg_dfgnn.graph import get_graph
 from pyg_dfgnn.ops import DOT, GAT, GATV2
 
-KINDS = {"gat": GAT, "gatv2": GATV2, "dot": DOT}
+
+
+class _Kind(int):
+    """An op kind (equal to the plain constant) with test options: ``bias``
+    gives GAT an output bias ``[H, F]``, which the op takes as its ``att``."""
+
+    bias = False
+
+
+def _biased(kind: int) -> _Kind:
+    k = _Kind(kind)
+    k.bias = True
+    return k
+
+
+#: the kinds the op tests run; "gat_bias" is GAT with the layer's bias folded
+#: into the kernel's epilogue
+KINDS = {"gat": GAT, "gat_bias": _biased(GAT), "gatv2": GATV2, "dot": DOT}
 
 
 def random_graph(num_src, num_dst, num_edges, device="cpu", self_loops=True, dups=True,
@@ -34,9 +51,10 @@ def make_inputs(kind, num_src, num_dst, num_edges, heads, feat, dtype, device, e
                 generator=None):
     def r(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64).to(device, dtype)
-    if kind == GAT:
+    if kind == GAT:   # (att: the optional output bias)
         return dict(dst=r(num_dst, heads), src=r(num_src, heads), val=r(num_src, heads, feat),
-                    edge=r(num_edges, heads) if edge else None, att=None)
+                    edge=r(num_edges, heads) if edge else None,
+                    att=r(heads, feat) if getattr(kind, "bias", False) else None)
     if kind == GATV2:
         return dict(dst=r(num_dst, heads, feat), src=r(num_src, heads, feat), val=None,
                     edge=r(num_edges, heads, feat) if edge else None, att=r(heads, feat))
@@ -49,7 +67,7 @@ def call(kind, graph, inp, dropout=0.0, return_alpha=False, scale=None):
     from pyg_dfgnn import ops
     if kind == GAT:
         return ops.gat_attention(graph, inp["val"], inp["src"], inp["dst"], inp["edge"],
-                                 0.2, dropout, return_alpha)
+                                 0.2, dropout, return_alpha, bias=inp["att"])
     if kind == GATV2:
         return ops.gatv2_attention(graph, inp["src"], inp["dst"], inp["att"], inp["edge"],
                                    0.2, dropout, return_alpha)
@@ -60,7 +78,7 @@ def call(kind, graph, inp, dropout=0.0, return_alpha=False, scale=None):
 def op_args(kind, graph, inp, dropout=0.0, seed=None, need_alpha=False, scale=0.5):
     """Positional arguments of ``dfgnn::attention_fwd`` (automatic schedule)."""
     g = graph
-    return (kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, inp["dst"],
+    return (int(kind), g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, inp["dst"],
             inp["src"], inp["val"], inp["edge"], inp["att"], scale, 0.2, dropout, seed,
             need_alpha, [0, 0, 0], None, None, None, None)
 

@@ -154,7 +154,7 @@ def test_backward_modes_agree(kind, feat, dtype, dropout, split, monkeypatch):
             gout = torch.ones_like(out).uniform_(-1, 1, generator=torch.Generator("cuda").manual_seed(3))
             poison()
             grads[mode] = torch.autograd.grad(out, leaves(inp), gout)
-    delta_err = (_gat_delta_bounds(k, g, inp, gout, dropout, feat, dtype) if kind == "gat"
+    delta_err = (_gat_delta_bounds(k, g, inp, gout, dropout, feat, dtype) if k == R.GAT
                  else None)
     for n, (a, b) in enumerate(zip(grads["store"], grads["recompute"])):
         # 16 fp32 unit roundoffs of the largest gradient (then stored in dtype)
@@ -179,35 +179,47 @@ def _gat_delta_bounds(k, g, inp, gout, dropout, feat, dtype):
     and d_edge by B_i, d_src[j] by the sum of B_i over j's out-edges, d_val
     (no Delta) not at all.  Returns these bounds at their largest, in the
     order of ``leaves`` (sum_j alpha~ |v_j| from the float64 reference op on
-    |v|, same dropout mask)."""
+    |v|, same dropout mask).  With an output bias b folded into the stored
+    output Y = O + b, the recompute mode takes O' = (Y - b), both rounded to
+    ``dtype``: |O' - O| <= u |O + b| + u |O|, i.e. B_i gains u sum_f |dO_if|
+    (sum_j alpha~_ij |v_jf| + |b_f|)."""
     u = _unit(dtype)
     absin = {n: (v.detach().double() if v is not None else None) for n, v in inp.items()}
     absin["val"] = absin["val"].abs()
+    bias = absin["att"]
+    absin["att"] = None
     torch.manual_seed(7)
     with torch.no_grad():
         o_abs = call(k, g, absin, dropout)[0]
     deg = g.rowptr.diff().double().unsqueeze(1)
-    B = (u + (feat + deg + 2) * 2.0 ** -24) * (o_abs * gout.double().abs()).sum(-1)  # [N_dst, H]
+    ga = gout.double().abs()
+    u_o = u if bias is None else 2 * u
+    B = (u_o + (feat + deg + 2) * 2.0 ** -24) * (o_abs * ga).sum(-1)  # [N_dst, H]
+    if bias is not None:
+        B = B + u * (bias.abs() * ga).sum(-1)
     dst_of = torch.repeat_interleave(torch.arange(B.size(0), device=B.device),
                                      g.rowptr.diff().long())          # CSR order
     src_b = torch.zeros(inp["src"].size(0), B.size(1), dtype=B.dtype, device=B.device)
     src_b.index_add_(0, g.col.long(), B[dst_of])
     bounds = {"dst": B.max().item(), "src": src_b.max().item(), "val": 0.0,
-              "edge": B.max().item()}
+              "edge": B.max().item(), "att": 0.0}   # (GAT's att: the bias, no Delta)
     return [bounds[n] for n, v in inp.items() if v is not None]
 
 
+@pytest.mark.parametrize("kind", ["gat", "gat_bias"])
 @pytest.mark.parametrize("heads", [1, 3, 8, 32, 33])
 @pytest.mark.parametrize("split", [None, 16])
-def test_gat_single_gather_heads(heads, split, monkeypatch):
+def test_gat_single_gather_heads(kind, heads, split, monkeypatch):
     """GAT's stored-mode backward maps lanes to (edge, head) pairs of a warp
     (32 // H edges per step, per-head tree sums): every head count up to 32,
-    and 33 heads (the two-pass backward), with dropout, edge features and
-    split rows / columns, against the float64 reference."""
+    and 33 heads (the two-pass backward, which takes Delta from the stored
+    output, minus the folded bias), with dropout, edge features and split
+    rows / columns, with and without an output bias, against the float64
+    reference."""
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
     ei = random_graph(150, 140, 1500, super_node=(700, 5))
     ei = torch.cat([ei, torch.stack([torch.full((300,), 7), torch.randint(0, 140, (300,))])], 1)
-    check("gat", ei, 150, 140, heads, 16, torch.float32, edge=True, dropout=0.2,
+    check(kind, ei, 150, 140, heads, 16, torch.float32, edge=True, dropout=0.2,
           seed=heads, split=split)
 
 
@@ -250,7 +262,7 @@ def test_backward_keeps_nothing_per_edge(kind, monkeypatch):
     # the stored mode does keep its per-edge arrays (the measurement above can
     # see them): g and pd, or GAT's one dP / g array
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
-    arrays = 1 if kind == "gat" else 2
+    arrays = 1 if k == R.GAT else 2
     assert _backward_extra(k, g, inp, gout)[0] >= arrays * per_edge_array
 
 
@@ -349,7 +361,7 @@ def test_opcheck_graph_attention(kind):
     inp = make_inputs(k, 300, 300, ei.size(1), 2, 16, torch.float32, "cuda", True)
     for v in leaves(inp):
         v.requires_grad_(True)
-    args = (k, ei, 300, 300, -1, inp["dst"], inp["src"], inp["val"], inp["edge"],
+    args = (int(k), ei, 300, 300, -1, inp["dst"], inp["src"], inp["val"], inp["edge"],
             inp["att"], 0.5, 0.2, 0.0, None)
     torch.library.opcheck(fused.graph_attention_fwd, args)
     out = fused.graph_attention_fwd(*args)[0]

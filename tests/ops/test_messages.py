@@ -76,6 +76,10 @@ CASES = [
     (gat, dict(a_dst=r(ND, H, dtype=torch.bfloat16)),
      r"'a_dst' has dtype torch.bfloat16 but 'x' has torch.float32"),
     (gat, dict(negative_slope=None), r"'negative_slope' must be a float"),
+    (gat, dict(bias=r(H, F + 1)), r"'bias' has 5 features .* but 'x' has 4"),
+    (gat, dict(bias=r(H * F)), r"'bias' must have shape \[num_heads, features\]"),
+    (gat, dict(bias=r(H, F, dtype=torch.float64)),
+     r"'bias' has dtype torch.float64 but 'x' has torch.float32"),
     # GATv2
     (gatv2, dict(x_dst=r(NS, H, F)), r"'x_dst' has 14 rows but the graph has 10 destination"),
     (gatv2, dict(x_dst=r(ND, H, F + 1)), r"'x_dst' has 5 features .* but 'x_src' has 4"),

@@ -32,7 +32,7 @@ def test_opcheck_graph_attention(kind, loops):
                       edge=loops < 0)   # (edge features follow edge_index's order)
     for v in leaves(inp):
         v.requires_grad_(True)
-    args = (k, ei, 12, nd, loops, inp["dst"], inp["src"], inp["val"], inp["edge"],
+    args = (int(k), ei, 12, nd, loops, inp["dst"], inp["src"], inp["val"], inp["edge"],
             inp["att"], 0.5, 0.2, 0.0, None)
     torch.library.opcheck(fused.graph_attention_fwd, args)
     out, lse = fused.graph_attention_fwd(*args)
