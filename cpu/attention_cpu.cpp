@@ -24,6 +24,7 @@
 // Only the headers needed (not ATen/ATen.h): the JIT build stays short.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros_like.h>
@@ -547,6 +548,13 @@ Inputs inputs(int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
     TORCH_CHECK(kind != DOT || Fk == in.F, "pyg_dfgnn: 'edge' is added to keys and values, "
                 "so they must share one feature size");
   }
+  if (in.att.defined() && kind == GAT) {
+    // the output bias [H, C], C <= F (the output keeps C features per head): as
+    // [H, F] with zero columns, the output narrowed after the kernels
+    TORCH_CHECK(in.att.dim() == 2 && in.att.size(0) == in.H && in.att.size(1) <= in.F,
+                "pyg_dfgnn: GAT's 'att' (the output bias) must be [H, C] with C <= F");
+    if (in.att.size(1) < in.F) in.att = at::constant_pad_nd(in.att, {0, in.F - in.att.size(1)});
+  }
   if (in.att.defined()) TORCH_CHECK(in.att.numel() == in.H * in.F, "pyg_dfgnn: 'att' must be [H, F]");
   return in;
 }
@@ -607,6 +615,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
     else if (kind == GATV2) forward<GATV2>(a, o, ls, al, att_float<T>(in).data());
     else forward<DOT>(a, o, ls, al, nullptr);
   });
+  if (kind == GAT && att.has_value() && att->size(-1) < in.F)   // the bias' width
+    out = out.narrow(2, 0, att->size(-1)).contiguous();
   return {out, lse, alpha};
 }
 
@@ -623,7 +633,13 @@ std::vector<at::Tensor> attention_bwd(
   const Inputs in = inputs(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val,
                            edge, att);
   const at::Tensor& v = kind == GATV2 ? in.src : in.val;
-  const at::Tensor out = out_.contiguous(), grad_out = grad_out_.contiguous();
+  // GAT with a narrower output bias: out and its gradient padded to F (zeros)
+  auto widen = [&](const at::Tensor& t) {
+    return t.size(-1) < in.F ? at::constant_pad_nd(t, {0, in.F - t.size(-1)}) : t.contiguous();
+  };
+  const bool narrow = kind == GAT && att.has_value() && att->size(-1) < in.F;
+  const at::Tensor out = narrow ? widen(out_) : out_.contiguous();
+  const at::Tensor grad_out = narrow ? widen(grad_out_) : grad_out_.contiguous();
   at::Tensor lse_c = lse_.contiguous();
   const at::Tensor& lse = lse_c;
   TORCH_CHECK(out.sizes() == at::IntArrayRef({in.Nd, in.H, in.F}) &&
@@ -667,6 +683,7 @@ std::vector<at::Tensor> attention_bwd(
       // the output bias: a column sum of grad_out (Delta is recomputed, so the
       // stored out, which includes the bias, is not read)
       if (in.att.defined()) d_att.copy_(grad_out.sum(0, false, at::kFloat).view_as(d_att));
+      if (narrow) d_att = d_att.narrow(1, 0, att->size(-1)).contiguous();
     } else if (kind == GATV2) {
       const std::vector<float> att_f = att_float<T>(in);
       backward_rows<GATV2>(a, b, att_f.data(), att_parts);

@@ -216,6 +216,7 @@ struct Params {
   uint64_t seed;
   // forward outputs
   T* out; float* lse; float* lse_l; T* alpha;  // lse: row max m, lse_l: log(sum)
+  int64_t out_F;       // features per head of out: F, or the caller's width where F is padded
   float *part_acc, *part_m, *part_l;  // split-row partials [S, H, F] / [S, H]
   // backward
   const T* dout; const T* o; const float* lse_in; const float* lse_l_in;
@@ -658,7 +659,18 @@ __device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g,
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[c][k] *= inv;
     if (p.bias) add_tile<T, VEC>(ft, p.bias + h * p.F, acc);   // (a row without edges: b)
-    store_tile<T, VEC>(ft, p.out + (row * p.H + h) * p.F, acc);
+    if (p.out_F == p.F) {
+      store_tile<T, VEC>(ft, p.out + (row * p.H + h) * p.F, acc);
+    } else {   // the caller's narrower rows: the padding columns are not written
+      T* o = p.out + (row * p.H + h) * p.out_F;
+#pragma unroll
+      for (int c = 0; c < kChunks<VEC>; ++c) {
+        if (ft.f[c] < 0) continue;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          if (ft.f[c] + k < p.out_F) o[ft.f[c] + k] = from_f<T>(acc[c][k]);
+      }
+    }
     if (blockIdx.y == 0 && g.lg == 0) {
       const bool any = it.end > it.begin;
       p.lse[row * p.H + h] = any ? m : -INFINITY;
@@ -782,10 +794,12 @@ __global__ void __launch_bounds__(kThreads, kFwdBlocks<KIND, T>) fwd_kernel(cons
   write_row<T, I, VEC>(p, g, ft, it, sm.m, sm.l, sm.acc);
 }
 
-// Merge the partial (m, l, acc) of split rows: merge [R, 3] = (row, s0, s1).
+// Merge the partial (m, l, acc) of split rows: merge [R, 3] = (row, s0, s1);
+// out rows hold out_F <= F features per head.
 template <typename T, typename I>
 __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int64_t R, int64_t H,
-                                                             int64_t F, const float* part_acc,
+                                                             int64_t F, int64_t out_F,
+                                                             const float* part_acc,
                                                              const float* part_m,
                                                              const float* part_l,
                                                              const T* bias, T* out,
@@ -799,11 +813,11 @@ __global__ void __launch_bounds__(kThreads) fwd_merge_kernel(const I* merge, int
   float L = 0.f;
   for (int64_t s = s0; s < s1; ++s) L += part_l[s * H + h] * expf(part_m[s * H + h] - M);
   const float inv = 1.f / (L + 1e-16f);
-  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+  for (int64_t f = threadIdx.x; f < out_F; f += blockDim.x) {
     float a = 0.f;
     for (int64_t s = s0; s < s1; ++s)
       a += part_acc[(s * H + h) * F + f] * expf(part_m[s * H + h] - M);
-    out[(row * H + h) * F + f] = from_f<T>(a * inv + (bias ? to_f(bias[h * F + f]) : 0.f));
+    out[(row * H + h) * out_F + f] = from_f<T>(a * inv + (bias ? to_f(bias[h * F + f]) : 0.f));
   }
   if (threadIdx.x == 0) {
     lse[row * H + h] = M;

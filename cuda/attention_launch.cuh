@@ -131,6 +131,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   const Launch l = launch_shape(p.num_items, p.H, p.F, p.G, VEC);
   p.tile = l.tile;
   p.out = mptr<T>(o.out); p.alpha = mptr<T>(o.alpha);
+  p.out_F = o.out.size(2);   // the caller's width (<= F: the op's padding is not written)
   p.lse = mptr<float>(o.lse); p.lse_l = p.lse ? p.lse + Nd * p.H : nullptr;
   at::Tensor part_acc, part_ml;
   if (sc.slots > 0) {
@@ -148,8 +149,8 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
     const int64_t R = sc.merge.size(0);
     fwd_merge_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
-        sc.merge.data_ptr<I>(), R, p.H, p.F, p.part_acc, p.part_m, p.part_l, p.bias, p.out, p.lse,
-        p.lse_l);
+        sc.merge.data_ptr<I>(), R, p.H, p.F, p.out_F, p.part_acc, p.part_m, p.part_l, p.bias,
+        p.out, p.lse, p.lse_l);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (fa.need_alpha && p.num_items > 0 && gr.col.numel() > 0) {

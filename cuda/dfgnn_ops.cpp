@@ -53,10 +53,12 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
   TORCH_CHECK(kind >= 0 && kind <= 2, "pyg_dfgnn: unknown attention kind ", kind);
   TORCH_CHECK(kind == 1 || f.val.defined(), "pyg_dfgnn: 'value' is required for this kind");
   TORCH_CHECK(kind != 1 || f.att.defined(), "pyg_dfgnn: 'att' is required for GATv2");
+  // GAT's att: the output bias [H, C], C <= F; the output has its C columns
+  // (a value projected into a padded width carries zero columns C..F-1)
   TORCH_CHECK(kind != 0 || !f.att.defined() ||
                   (f.att.dim() == 2 && f.val.dim() == 3 && f.att.size(0) == f.val.size(1) &&
-                   f.att.size(1) == f.val.size(2)),
-              "pyg_dfgnn: GAT's 'att' (the output bias) must be [H, F] like the value's heads");
+                   f.att.size(1) <= f.val.size(2)),
+              "pyg_dfgnn: GAT's 'att' (the output bias) must be [H, C] with C <= the value's F");
   const auto dt = src.scalar_type();
   for (auto* t : {&f.dst, &f.src, &f.val, &f.edge, &f.att}) {
     if (!t->defined()) continue;
@@ -147,17 +149,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, need_alpha);
   Sched s = sched_args(sched, work, merge, t_work, t_merge);
+  const int64_t out_F = (kind == 0 && f.att.defined()) ? f.att.size(1) : 0;
   const Layout lay = fit_features(kind, f);
   const at::Tensor& v = kind == 1 ? f.src : f.val;
   const int64_t Nd = rowptr.numel() - 1, H = v.size(1);
   FwdOut o;
-  o.out = at::empty({Nd, H, lay.Fp}, v.options());
+  // written in the caller's width (the kernels skip the padding columns: no copy)
+  o.out = at::empty({Nd, H, out_F > 0 ? out_F : lay.F}, v.options());
   o.lse = at::empty({2, Nd, H}, v.options().dtype(at::kFloat));  // (row max, log sum)
   o.alpha = need_alpha ? at::empty({col.numel(), H}, v.options()) : at::empty({0}, v.options());
   if (kind == 0) fwd_gat(g, f, s, o);
   else if (kind == 1) fwd_gatv2(g, f, s, o);
   else fwd_dot(g, f, s, o);
-  return {unfit(o.out, lay.F), o.lse, o.alpha};
+  return {o.out, o.lse, o.alpha};
 }
 
 std::vector<at::Tensor> attention_bwd(

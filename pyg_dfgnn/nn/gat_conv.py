@@ -39,15 +39,16 @@ def _epilogue_bias(conv, x_src: Tensor, res: Optional[Tensor]) -> Optional[Tenso
     r"""The layer's bias as the fused op's ``bias [H, C]`` (added in the kernel's
     epilogue instead of a pass over the output), or ``None`` where PyG's own
     epilogue must run: no bias, a residual (added before the bias), averaged
-    heads (``concat=False`` with ``H > 1``), value rows the layer padded to the
-    kernels' width (their real columns are sliced out in the bias pass anyway),
-    more than 32 heads (the backward would take :math:`\Delta` from the output
-    minus the bias instead of GAT's exact single-gather sum), or a bias of
-    another dtype than the features (autocast: PyG's ``out + bias`` promotes
-    the result to the bias' dtype)."""
+    heads (``concat=False`` with ``H > 1``), more than 32 heads (the backward
+    would take :math:`\Delta` from the output minus the bias instead of GAT's
+    exact single-gather sum), or a bias of another dtype than the features
+    (autocast: PyG's ``out + bias`` promotes the result to the bias' dtype).
+    Value rows the layer projected into the kernels' padded width
+    (:mod:`._padded`) are fine: the op writes the output in the bias' width
+    ``C``, so nothing slices the padding out."""
     b, H, C = conv.bias, conv.heads, conv.out_channels
     if (b is None or res is not None or not (conv.concat or H == 1) or H > 32
-            or x_src.size(-1) != C or b.dtype != x_src.dtype or b.numel() != H * C):
+            or b.dtype != x_src.dtype or b.numel() != H * C):
         return None
     return b.view(H, C)
 

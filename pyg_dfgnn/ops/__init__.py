@@ -34,7 +34,7 @@ _ROWS = {"src": ("num_src", "source nodes", "source node"),
          "E": ("num_edges", "edges", "edge")}
 #: other dimension symbols, bound by the first argument that has them
 _DIMS = {"H": ("heads", "num_heads"), "F": ("features", "features"),
-         "Fv": ("value features", "value_features")}
+         "Fv": ("value features", "value_features"), "C": ("bias features", "out_features")}
 
 
 def _layout(dims) -> str:
@@ -144,14 +144,21 @@ def gat_attention(graph: CSRGraph, x: Tensor, a_src: Tensor, a_dst: Tensor,
     + a^{edge}_{ij}))\, x_j \;[+\, b]`.
 
     ``x [N_src, H, F]``, ``a_src [N_src, H]``, ``a_dst [N_dst, H]``,
-    ``a_edge [E, H]`` in original edge order; ``bias [H, F]`` (optional) is
+    ``a_edge [E, H]`` in original edge order; ``bias [H, C]`` (optional) is
     added to every output row in the kernel's epilogue (a row without edges
     gets ``b``), saving the layer a pass over the output; its gradient is the
-    column sum of the output gradient.
+    column sum of the output gradient.  ``C <= F``: the output then has the
+    first ``C`` features of every head, ``[N_dst, H, C]`` (for ``x`` projected
+    into a padded width whose columns ``C..F-1`` are zero, as the layers do:
+    nothing is copied to drop them).
     """
-    _check_inputs(graph, ("x", x, ("src", "H", "F")), ("a_src", a_src, ("src", "H")),
-                  ("a_dst", a_dst, ("dst", "H")), ("a_edge", a_edge, ("E", "H")),
-                  ("bias", bias, ("H", "F")), optional=("a_edge", "bias"))
+    sizes = _check_inputs(graph, ("x", x, ("src", "H", "F")), ("a_src", a_src, ("src", "H")),
+                          ("a_dst", a_dst, ("dst", "H")), ("a_edge", a_edge, ("E", "H")),
+                          ("bias", bias, ("H", "C")), optional=("a_edge", "bias"))
+    if bias is not None and sizes["C"] > sizes["F"]:
+        raise ValueError(f"'bias' has {sizes['C']} features per head but 'x' has "
+                         f"{sizes['F']}: it may be narrower than x's heads (the output "
+                         f"keeps its width), not wider")
     negative_slope = _check_float("negative_slope", negative_slope)
     return _run(GAT, graph, a_dst, a_src, x, a_edge, bias, 1.0, negative_slope, dropout,
                 return_alpha)

@@ -126,8 +126,8 @@ def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
     recomputes ``alpha = exp((s - m) - log(l))``.  The transposed CSR
     (``t_*``) is unused here but saved for backward.  ``att`` is GATv2's
     attention vector ``[H, F]``; for GAT it is an optional output bias
-    ``[H, F]`` added in the epilogue (its gradient: the column sum of
-    ``grad_out``)."""
+    ``[H, C]`` added in the epilogue (its gradient: the column sum of
+    ``grad_out``), and ``out`` has its ``C <= F`` features per head."""
     return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
                                  att, scale, negative_slope, dropout_p, _seed_int(seed),
                                  need_alpha)
@@ -200,10 +200,13 @@ def _feat_shape(kind, src_feat, value):
     return (value if (value is not None and kind != ref.GATV2) else src_feat).shape
 
 
-def _fwd_outputs_like(kind, src_feat, value, num_dst, num_edges, need_alpha):
-    """Empty ``(out, lse, alpha)`` of a forward (the fake implementations)."""
+def _fwd_outputs_like(kind, src_feat, value, num_dst, num_edges, need_alpha, att=None):
+    """Empty ``(out, lse, alpha)`` of a forward (the fake implementations);
+    GAT's output has its bias' width (``att [H, C]``)."""
     shp = _feat_shape(kind, src_feat, value)
     H, Fd = shp[1], shp[2]
+    if kind == ref.GAT and att is not None:
+        Fd = att.shape[-1]
     dt = _out_dtype(kind, src_feat, value)
     lse_dt = torch.float64 if src_feat.dtype == torch.float64 else torch.float32
     out = src_feat.new_empty((num_dst, H, Fd), dtype=dt)
@@ -217,7 +220,7 @@ def _attention_fwd_fake(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_fe
                         src_feat, value, edge, att, scale, negative_slope, dropout_p, seed,
                         need_alpha, sched, work, merge, t_work, t_merge):
     return _fwd_outputs_like(kind, src_feat, value, rowptr.shape[0] - 1, col.shape[0],
-                             need_alpha)
+                             need_alpha, att)
 
 
 @torch.library.custom_op("dfgnn::attention_bwd", mutates_args=())
@@ -531,7 +534,7 @@ def graph_attention_fwd(kind: int, edge_index: Tensor, num_src: int, num_dst: in
 def _graph_attention_fwd_fake(kind, edge_index, num_src, num_dst, self_loops, dst_feat,
                               src_feat, value, edge, att, scale, negative_slope, dropout_p,
                               seed):
-    return _fwd_outputs_like(kind, src_feat, value, num_dst, 0, False)[:2]
+    return _fwd_outputs_like(kind, src_feat, value, num_dst, 0, False, att)[:2]
 
 
 @_graph_op("dfgnn::graph_attention_bwd")

@@ -16,8 +16,9 @@ with the score per model kind:
 
 * ``GAT``:   :math:`s = \mathrm{LeakyReLU}(a^{src}_j + a^{dst}_i [+ a^{edge}_{ij}])`
   (``dst_feat [N_dst, H]``, ``src_feat [N_src, H]``, ``edge [E, H]``); its
-  ``att [H, F]``, when given, is an output bias: :math:`o_i + b` (the layer's
-  bias, folded into the kernels' epilogue);
+  ``att [H, C]``, when given, is an output bias: :math:`o_i + b` (the layer's
+  bias, folded into the kernels' epilogue), and the output keeps the first
+  ``C <= F`` features of every head;
 * ``GATV2``: :math:`s = \langle a, \mathrm{LeakyReLU}(x^{src}_j + x^{dst}_i [+ x^{edge}_{ij}])\rangle`
   (``[.., H, F]`` features, ``att [H, F]``; the value is ``src_feat``);
 * ``DOT``:   :math:`s = \mathrm{scale}\,\langle q_i, k_j [+ e_{ij}]\rangle`, value
@@ -209,8 +210,8 @@ def attention_forward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Ten
         alpha = alpha * keep / (1.0 - dropout_p)
     v = _value_csr(kind, col_l, src_f, val_f, edge_f)
     out = _seg_sum(alpha.unsqueeze(-1) * v, rows, nd)
-    if kind == GAT and att_f is not None:   # GAT's output bias
-        out = out + att_f
+    if kind == GAT and att_f is not None:   # GAT's output bias [H, C], C <= F
+        out = out[..., :att_f.size(-1)] + att_f
     out_dtype = value.dtype if (value is not None and kind != GATV2) else src_feat.dtype
     alpha_out = _edge_orig(alpha, used, col.numel()).to(out_dtype) if need_alpha else \
         s.new_empty((0,), dtype=out_dtype)
@@ -231,6 +232,10 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
     ns = src_feat.size(0)
     dout = grad_out.to(cdt)  # (``out`` is not needed: Delta is summed from the terms)
     H = dout.size(1)
+    d_bias = None
+    if kind == GAT and att is not None:   # the output bias: the output's width
+        d_bias = dout.sum(0)
+        dout = F.pad(dout, (0, val_f.size(-1) - dout.size(-1)))
     lse = lse.to(cdt)
     alpha = torch.exp((s - lse[0][rows]) - lse[1][rows])
     keep = torch.ones_like(alpha)
@@ -244,7 +249,7 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
     d_v_edge = (alpha * keep).unsqueeze(-1) * dout[rows]  # grad of value_csr [E, H, F]
     def empty():  # distinct objects: custom-op outputs must not alias
         return s.new_empty((0,))
-    d_att = empty()
+    d_att = d_bias if d_bias is not None else empty()
     d_value = empty()
     if kind == GAT:
         g = dS * _dleaky(aux, negative_slope)
@@ -252,8 +257,6 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
         d_src = _seg_sum(g, col_l, ns)
         d_edge = _edge_orig(g, used, E_all) if edge is not None else empty()
         d_value = _seg_sum(d_v_edge, col_l, ns)
-        if att is not None:   # the output bias
-            d_att = dout.sum(0)
     elif kind == GATV2:
         slope = _dleaky(aux, negative_slope)
         gz = dS.unsqueeze(-1) * att_f * slope
@@ -303,6 +306,6 @@ def naive_attention(kind: int, edge_index: Tensor, num_dst: int, dst_feat: Tenso
         alpha = alpha * keep
     msg = alpha.unsqueeze(-1) * vj
     out = msg.new_zeros((num_dst,) + tuple(msg.shape[1:])).index_add_(0, dst, msg)
-    if kind == GAT and att is not None:   # GAT's output bias
-        out = out + att
+    if kind == GAT and att is not None:   # GAT's output bias [H, C], C <= F
+        out = out[..., :att.size(-1)] + att
     return out, alpha

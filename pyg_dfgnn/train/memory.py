@@ -47,6 +47,12 @@ LAYER_CONSTANTS = {
     "agnn": (6, 2, 3, True),
 }
 
+#: k_node of the fused layers where it differs: GAT's bias is added in the
+#: kernel's epilogue (pyg_dfgnn.nn.GATConv), so its output is the op's own
+#: saved output, one [N, D] tensor fewer (under autocast the bias is added
+#: outside and the estimate is one [N, D] tensor low per layer)
+FUSED_K_NODE = {"gat": 3}
+
 
 def format_bytes(n: float) -> str:
     return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 28 else f"{n / 2 ** 20:.1f} MiB"
@@ -100,6 +106,8 @@ def estimate_memory(mcfg, backend: str, num_nodes: int, num_edges: int, in_dim: 
     b = int(elem_bytes)
     N, E = int(num_nodes), int(num_edges)
     k_node, k_msg, k_edge, loops = LAYER_CONSTANTS[mcfg.name]
+    if backend == "fused":
+        k_node = FUSED_K_NODE.get(mcfg.name, k_node)
     loops = loops and getattr(mcfg, "self_loops", True)
     Ep = E + N if loops else E
     widths = _layer_widths(mcfg, num_classes)

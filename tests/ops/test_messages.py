@@ -76,8 +76,9 @@ CASES = [
     (gat, dict(a_dst=r(ND, H, dtype=torch.bfloat16)),
      r"'a_dst' has dtype torch.bfloat16 but 'x' has torch.float32"),
     (gat, dict(negative_slope=None), r"'negative_slope' must be a float"),
-    (gat, dict(bias=r(H, F + 1)), r"'bias' has 5 features .* but 'x' has 4"),
-    (gat, dict(bias=r(H * F)), r"'bias' must have shape \[num_heads, features\]"),
+    (gat, dict(bias=r(H, F + 1)), r"'bias' has 5 features per head but 'x' has 4: it may"),
+    (gat, dict(bias=r(H + 1, F)), r"'bias' has 3 heads .* but 'x' has 2"),
+    (gat, dict(bias=r(H * F)), r"'bias' must have shape \[num_heads, out_features\]"),
     (gat, dict(bias=r(H, F, dtype=torch.float64)),
      r"'bias' has dtype torch.float64 but 'x' has torch.float32"),
     # GATv2

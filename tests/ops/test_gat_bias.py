@@ -1,0 +1,69 @@
+"""GAT's output bias in the op (``gat_attention(..., bias=b)``): the layer's
+bias added in the kernels' epilogue, in the bias' width ``C <= F`` (a value
+projected into a padded width), on every path: the C++ CPU kernels, the
+reference (float64), the CUDA kernels and the custom op's fake (torch.compile)."""
+import pytest
+import torch
+
+from pyg_dfgnn import ops, schedule
+from pyg_dfgnn.graph import get_graph
+from _cases import random_graph
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _inputs(device, dtype, heads, C, pad, seed):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(device, dtype)
+    ns, nd = 70, 60
+    x = r(ns, heads, C)
+    return (x, torch.nn.functional.pad(x, (0, pad)), r(ns, heads), r(nd, heads),
+            r(heads, C)), (ns, nd)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("heads,C,pad", [(2, 5, 3), (8, 19, 1), (8, 10, 2), (1, 16, 0)])
+@pytest.mark.parametrize("split", [None, 16])
+def test_narrow_bias_equals_the_unpadded_call(device, dtype, heads, C, pad, split):
+    """x with ``pad`` zero columns per head and a bias of the real width ``C``
+    gives the output ``[N_dst, H, C]`` and the gradients of the call on the
+    unpadded x: exactly, since the zero columns add nothing to any sum (the
+    padded columns' gradient is that of zero features, not used by a layer,
+    which slices its weight's padding off)."""
+    (x, xp, a_s, a_d, b), (ns, nd) = _inputs(device, dtype, heads, C, pad, heads * 100 + C)
+    ei = random_graph(ns, nd, 600, super_node=(300, 3)).to(device)
+    g = get_graph(ei, (ns, nd))
+    leaves = []
+    for t in (x, xp, a_s, a_d, b):
+        leaves.append(t.requires_grad_(True))
+    gout = torch.randn(nd, heads, C, generator=torch.Generator().manual_seed(1),
+                       dtype=torch.float64).to(device, dtype)
+    with schedule.override(split=split):
+        o1, _ = ops.gat_attention(g, x, a_s, a_d, bias=b)
+        g1 = torch.autograd.grad(o1, (x, a_s, a_d, b), gout)
+        o2, _ = ops.gat_attention(g, xp, a_s, a_d, bias=b)
+        g2 = torch.autograd.grad(o2, (xp, a_s, a_d, b), gout)
+    assert o2.shape == (nd, heads, C) and o2.is_contiguous()
+    # one kernel build, same sums (zeros added): equal up to the order of the
+    # padded width's vector lanes, i.e. a few roundings of the largest term
+    u = torch.finfo(dtype).eps
+    for a, c in [(o1, o2)] + list(zip(g1, (g2[0][..., :C],) + g2[1:])):
+        torch.testing.assert_close(a, c, rtol=0, atol=8 * u * float(a.abs().max()) + 1e-30)
+    # a destination without edges gets the bias
+    empty = g.rowptr.diff() == 0
+    assert empty.any() and (o2[empty] == b).all()
+
+
+def test_fake_output_has_the_bias_width():
+    """torch.compile traces the op with its fake: the output's width is the bias'."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from pyg_dfgnn.ops import fused
+    (x, xp, a_s, a_d, b), (ns, nd) = _inputs("cpu", torch.float32, 2, 5, 3, 0)
+    ei = random_graph(ns, nd, 100)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out, lse = fused.graph_attention_fwd(0, ei, ns, nd, -1, a_d, a_s, xp, None, b, 1.0,
+                                             0.2, 0.0, None)
+    assert tuple(out.shape) == (nd, 2, 5)
