@@ -269,12 +269,17 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
       return;
     }
   }
-  // the other passes take Delta = <dO, O> from the stored output: GAT's bias
-  // folded into it comes off first (one rounding of the output's magnitude)
-  at::Tensor unbiased;
-  if (KIND == GAT && fa.att.defined()) {
-    unbiased = bi.out - fa.att;
-    p.o = cptr<T>(unbiased);
+  // the other passes take Delta = <dO, O> from the stored output, which GAT
+  // hands over in its own width (the single-gather path above never reads it):
+  // padded to F here, and GAT's bias folded into it comes off (one rounding of
+  // the output's magnitude)
+  at::Tensor o_full;
+  if (KIND == GAT) {
+    o_full = bi.out;
+    if (o_full.size(2) != p.F) o_full = at::constant_pad_nd(o_full, {0, p.F - o_full.size(2)});
+    if (fa.att.defined()) o_full = o_full - fa.att;
+    o_full = o_full.contiguous();
+    p.o = cptr<T>(o_full);
   }
   if (recompute) {
     delta = at::empty({std::max<int64_t>(Nd, 1), p.H}, fo);

@@ -187,7 +187,9 @@ std::vector<at::Tensor> attention_bwd(
   check_cuda(out, "out", src.device());
   check_cuda(lse, "lse", src.device());
   check_cuda(grad_out, "grad_out", src.device());
-  BwdIn bi{fit(out, lay.Fp), lse, fit(grad_out, lay.Fp)};
+  // (GAT: out as it is; its single-gather backward does not read it, the
+  // other path pads it itself: attention_launch.cuh, bwd_impl)
+  BwdIn bi{kind == 0 ? out : fit(out, lay.Fp), lse, fit(grad_out, lay.Fp)};
   BwdOut o;
   // absent gradients are distinct empty tensors (custom-op outputs must not alias)
   auto empty = [&] { return at::empty({0}, src.options()); };
