@@ -35,9 +35,29 @@ def kernel_class(name: str) -> str:
     return ""
 
 
-def run(a) -> None:
+def gpu_times(fn, reps: int):
+    """GPU time per call of ``fn`` (ms, torch.profiler over ``reps`` calls):
+    the total of every CUDA kernel, and the attention kernels per class."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total, kern = 0.0, {}
+    for ev in prof.key_averages():
+        if ev.device_type.name != "CUDA" or ev.device_time_total <= 0:
+            continue
+        t = ev.device_time_total / reps / 1e3
+        total += t
+        k = kernel_class(ev.key)
+        if k:
+            kern[k] = kern.get(k, 0.0) + t
+    return total, kern
+
+
+def run(a) -> None:
+    import torch
     import bench_shapes as bs
 
     dev = torch.device("cuda")
@@ -77,26 +97,8 @@ def run(a) -> None:
                         e.synchronize()
                         ts.append(s.elapsed_time(e))
                     times[pname + "_ms"] = statistics.median(ts)
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(a.prof_reps):
-                        fwd()
-                    torch.cuda.synchronize()
-                fwd_total = sum(ev.device_time_total for ev in prof.key_averages()
-                                if ev.device_type.name == "CUDA") / a.prof_reps / 1e3
-                kern = {}
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(a.prof_reps):
-                        fb()
-                    torch.cuda.synchronize()
-                total = 0.0
-                for ev in prof.key_averages():
-                    if ev.device_type.name != "CUDA" or ev.device_time_total <= 0:
-                        continue
-                    t = ev.device_time_total / a.prof_reps / 1e3
-                    total += t
-                    k = kernel_class(ev.key)
-                    if k:
-                        kern[k] = kern.get(k, 0.0) + t
+                fwd_total, _ = gpu_times(fwd, a.prof_reps)
+                total, kern = gpu_times(fb, a.prof_reps)
                 row = {"graph": spec["name"], "layer": lname, "shape": shp, "dtype": dname,
                        "build": extra, **times, "gpu_fwd_ms": fwd_total, "gpu_fb_ms": total,
                        "kernels": kern}

@@ -181,12 +181,9 @@ def test_bf16_gradients_within_pygs_error(seed):
                                draws=range(seed * 1000, seed * 1000 + 400), away_from_kink=True)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_bias_folded_into_the_kernel_epilogue(device, monkeypatch):
-    """The layer's bias goes into the fused op's epilogue (``bias [H, C]``)
-    exactly where PyG's result allows it: concatenated heads or one head,
-    no residual, a bias of the features' dtype, at most 32 heads.  Every case
-    matches PyG's layer, forward and backward."""
+def _record_folds(monkeypatch) -> list:
+    """What every call of ``gat_conv._epilogue_bias`` returns (the folded bias
+    or ``None``), in call order."""
     from pyg_dfgnn.nn import gat_conv
     seen = []
     fold = gat_conv._epilogue_bias
@@ -195,6 +192,16 @@ def test_bias_folded_into_the_kernel_epilogue(device, monkeypatch):
         seen.append(fold(*args))
         return seen[-1]
     monkeypatch.setattr(gat_conv, "_epilogue_bias", recorded)
+    return seen
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bias_folded_into_the_kernel_epilogue(device, monkeypatch):
+    """The layer's bias goes into the fused op's epilogue (``bias [H, C]``)
+    exactly where PyG's result allows it: concatenated heads or one head,
+    no residual, a bias of the features' dtype, at most 32 heads.  Every case
+    matches PyG's layer, forward and backward."""
+    seen = _record_folds(monkeypatch)
     ei = random_edge_index(N, N, E, device=device)
     for kw, folded in [(dict(heads=3), True), (dict(heads=1, concat=False), True),
                        (dict(heads=3, concat=False), False),
@@ -211,10 +218,7 @@ def test_bias_under_autocast_keeps_pygs_dtype(monkeypatch):
     the fp32 bias' dtype: the bias is then added outside the kernel, so the
     layer returns PyG's dtype.  (Values under autocast: test_glue.py and the
     bf16 tests, against float64.)"""
-    from pyg_dfgnn.nn import gat_conv
-    seen = []
-    fold = gat_conv._epilogue_bias
-    monkeypatch.setattr(gat_conv, "_epilogue_bias", lambda *a: seen.append(fold(*a)) or seen[-1])
+    seen = _record_folds(monkeypatch)
     torch.manual_seed(0)
     ref = pyg_nn.GATConv(F_IN, 4, heads=2)
     ours = GATConv(F_IN, 4, heads=2)
