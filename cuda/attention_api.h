@@ -47,4 +47,12 @@ void bwd_gat(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdO
 void bwd_gatv2(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
 void bwd_dot(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
 
+// GAT's node logits and their backward (gat_logits.cu)
+std::tuple<at::Tensor, at::Tensor> gat_logits(const at::Tensor& x, const at::Tensor& att_src,
+                                              const at::Tensor& att_dst);
+std::tuple<at::Tensor, at::Tensor> gat_logits_bwd(const at::Tensor& x, const at::Tensor& att_src,
+                                                  const at::Tensor& att_dst,
+                                                  const at::Tensor& d_src,
+                                                  const at::Tensor& d_dst, at::Tensor& d_x);
+
 }  // namespace dfgnn

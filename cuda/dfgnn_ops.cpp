@@ -233,6 +233,9 @@ int64_t get_backward_mode() { return forced_backward_mode().load(); }
 TORCH_LIBRARY(dfgnn_C, m) {
   m.def(DFGNN_ATTENTION_FWD_SCHEMA);
   m.def(DFGNN_ATTENTION_BWD_SCHEMA);
+  m.def("gat_logits(Tensor x, Tensor att_src, Tensor att_dst) -> (Tensor, Tensor)");
+  m.def("gat_logits_bwd(Tensor x, Tensor att_src, Tensor att_dst, Tensor d_src, "
+        "Tensor d_dst, Tensor(a!) d_x) -> (Tensor, Tensor)");
   m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
   m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
 }
@@ -240,4 +243,6 @@ TORCH_LIBRARY(dfgnn_C, m) {
 TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("attention_fwd", &dfgnn::attention_fwd);
   m.impl("attention_bwd", &dfgnn::attention_bwd);
+  m.impl("gat_logits", &dfgnn::gat_logits);
+  m.impl("gat_logits_bwd", &dfgnn::gat_logits_bwd);
 }

@@ -64,6 +64,10 @@ def main(argv=None):
     layer_args(ap)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rows", type=int, default=12)
+    ap.add_argument("--timeline", action="store_true",
+                    help="also print one call's host timeline: every top-level ATen op "
+                         "and CUDA runtime call, and every kernel, as offsets from the "
+                         "call's start (gaps between host events are Python)")
     a = ap.parse_args(argv)
     ours, x, xs, ei = layer_case(a)
 
@@ -82,6 +86,43 @@ def main(argv=None):
         for e in sorted(evs, key=lambda e: -e.device_time_total)[:a.rows]:
             print(f"   {e.device_time_total / a.reps / 1e3:8.3f} ms  x{e.count // a.reps:<3d} "
                   f"{e.key[:110]}")
+        if a.timeline:
+            timeline(fn)
+
+
+def timeline(fn, calls: int = 5):
+    """Print the last of ``calls`` profiled calls as a timeline (us from the
+    call's start): host events (top-level ATen ops / autograd nodes and CUDA
+    runtime calls) and the kernels they launched."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    marks = []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            torch.cuda.synchronize()
+            with torch.profiler.record_function(f"call{i}"):
+                fn()
+            torch.cuda.synchronize()
+            marks.append(f"call{i}")
+    evs = prof.events()
+    call = next(e for e in evs if e.name == marks[-1])
+    t0, t1 = call.time_range.start, call.time_range.end
+    rows = []
+    for e in evs:
+        st = e.time_range.start
+        if e is call or not (t0 <= st <= t1 + 20000):
+            continue
+        gpu = e.device_type.name == "CUDA"
+        top = e.cpu_parent is None or e.cpu_parent is call
+        rt = e.name.startswith("cuda") and not gpu
+        if gpu or top or rt:
+            kind = "GPU " if gpu else ("rt  " if rt else "host")
+            rows.append((st - t0, e.time_range.end - st, kind, e.name[:90]))
+    rows.sort()
+    print(f"   -- timeline of one call (host {t1 - t0:.0f} us), offset / duration us")
+    for off, dur, kind, name in rows:
+        print(f"   {off:9.1f} {dur:8.1f}  {kind} {name}")
 
 
 if __name__ == "__main__":

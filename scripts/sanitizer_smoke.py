@@ -27,5 +27,19 @@ for name, kind in KINDS.items():
                 with schedule.override(split=split, group=group):
                     out, alpha = call(kind, g, inp, dropout=0.3, return_alpha=True)
                     torch.autograd.grad(out, leaves(inp), torch.randn_like(out))
+# GAT with the node logits in the op (ops.gat_node_attention): the logits
+# kernel and its backward at aligned, unaligned and padded widths
+from pyg_dfgnn import ops  # noqa: E402
+for dtype in (torch.float32, torch.bfloat16):
+    for heads, feat, pad in ((2, 3, 0), (8, 10, 2), (8, 19, 1), (4, 64, 0), (1, 300, 0)):
+        ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
+        g = get_graph(ei, (60, 60))
+        x = torch.nn.functional.pad(torch.randn(60, heads, feat), (0, pad)).to("cuda", dtype)
+        a_s, a_d = (torch.randn(1, heads, feat, device="cuda") for _ in range(2))
+        b = torch.randn(heads, feat, device="cuda", dtype=dtype)
+        for v in (x, a_s, a_d, b):
+            v.requires_grad_(True)
+        out, _ = ops.gat_node_attention(g, x, a_s, a_d, None, 0.2, 0.3, False, b)
+        torch.autograd.grad(out, (x, a_s, a_d, b), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitizer smoke: all kernel paths ran")

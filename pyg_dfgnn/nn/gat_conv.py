@@ -8,7 +8,8 @@ from torch import Tensor
 from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
-from ..ops import gat_attention
+from ..graph import CSRGraph
+from ..ops import gat_attention, gat_node_attention
 from ._padded import gpu_bound, kernel_width, paddable, padded_linear, unpad
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, resolve_adjacency)
@@ -33,6 +34,13 @@ def _folded_logits(lin, x: Tensor, atts) -> Optional[Tensor]:
     if x.dtype != fold.dtype and not torch.is_autocast_enabled(x.device.type):
         return None
     return torch.nn.functional.linear(x, fold)
+
+
+#: devices whose eager calls take :func:`pyg_dfgnn.ops.gat_node_attention` (the
+#: node logits inside the op; CUDA: a logits kernel and one autograd node).  On
+#: the CPU the logits are one folded GEMM (:func:`_folded_logits`), cheaper
+#: than the op's node-wise pass there.
+_NODE_LOGITS_DEVICES = ("cuda",)
 
 
 def _epilogue_bias(conv, x_src: Tensor, res: Optional[Tensor]) -> Optional[Tensor]:
@@ -88,6 +96,34 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
 
     _pyg_cls = _PyGGATConv
 
+    def _node_logits(self, x, x_in_src: Optional[Tensor], x_in_dst: Optional[Tensor],
+                     x_src: Tensor, x_dst: Optional[Tensor], lin):
+        """PyG's ``alpha_src`` / ``alpha_dst`` (``None`` without target features),
+        as one GEMM with the attention vectors folded into the projection where
+        that pays (:func:`_folded_logits`)."""
+        alpha_src = alpha_dst = None
+        H, C = self.heads, self.out_channels
+        # the fold pays on GPU-bound calls only (nn/_padded.py: GPU_BOUND_ELEMENTS)
+        fold = not x_src.is_cuda or gpu_bound(x_src.size(0), H, C)
+        lin_s = lin_d = lin
+        if fold and lin is None:
+            lin_s, lin_d = self.lin_src, self.lin_dst
+        if not fold:
+            pass
+        elif isinstance(x, Tensor) and lin_s is lin_d:   # one GEMM for both logits
+            both = _folded_logits(lin_s, x, (self.att_src, self.att_dst))
+            if both is not None:
+                alpha_src, alpha_dst = both[:, :H], both[:, H:]
+        else:
+            alpha_src = _folded_logits(lin_s, x_in_src, (self.att_src,))
+            if x_dst is not None and x_in_dst is not None:
+                alpha_dst = _folded_logits(lin_d, x_in_dst, (self.att_dst,))
+        if alpha_src is None:
+            alpha_src = (unpad(x_src, C) * self.att_src).sum(dim=-1)
+        if alpha_dst is None and x_dst is not None:
+            alpha_dst = (unpad(x_dst, C) * self.att_dst).sum(-1)
+        return alpha_src, alpha_dst
+
     def forward(  # noqa: F811
         self,
         x: Union[Tensor, OptPairTensor],
@@ -139,26 +175,14 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
                 if x_dst is not None:
                     x_dst = self.lin_dst(x_dst).view(-1, H, C)
 
+        # eager CUDA calls on one node set: the op computes the node logits
+        # itself (ops.gat_node_attention: no [N, H, C] products, one autograd
+        # node); otherwise they are computed here
+        node = (x_src is x_dst and x_src.device.type in _NODE_LOGITS_DEVICES
+                and x_src.dtype != torch.float64 and not torch.compiler.is_compiling())
         alpha_src = alpha_dst = None
-        # the fold pays on GPU-bound calls only (nn/_padded.py: GPU_BOUND_ELEMENTS)
-        fold = not x_src.is_cuda or gpu_bound(x_src.size(0), H, C)
-        lin_s = lin_d = lin
-        if fold and lin is None:
-            lin_s, lin_d = self.lin_src, self.lin_dst
-        if not fold:
-            pass
-        elif isinstance(x, Tensor) and lin_s is lin_d:   # one GEMM for both logits
-            both = _folded_logits(lin_s, x, (self.att_src, self.att_dst))
-            if both is not None:
-                alpha_src, alpha_dst = both[:, :H], both[:, H:]
-        else:
-            alpha_src = _folded_logits(lin_s, x_in_src, (self.att_src,))
-            if x_dst is not None and x_in_dst is not None:
-                alpha_dst = _folded_logits(lin_d, x_in_dst, (self.att_dst,))
-        if alpha_src is None:
-            alpha_src = (unpad(x_src, C) * self.att_src).sum(dim=-1)
-        if alpha_dst is None and x_dst is not None:
-            alpha_dst = (unpad(x_dst, C) * self.att_dst).sum(-1)
+        if not node:
+            alpha_src, alpha_dst = self._node_logits(x, x_in_src, x_in_dst, x_src, x_dst, lin)
 
         # The annotations below mirror PyG's: its Inspector caches class sources by
         # class *name*, so the templates of PyG's own propagate/edge_updater (used
@@ -182,15 +206,26 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         alpha_edge: Optional[Tensor] = None
         if adj.edge_attr is not None and adj.graph.num_edges > 0:
             alpha_edge = (self._fused_edge_features(adj.edge_attr) * self.att_edge).sum(-1)
-        if alpha_dst is None:  # bipartite without target features: a_dst = 0
-            alpha_dst = alpha_src.new_zeros(adj.graph.num_dst, H)
-
-        x_src, alpha_src, alpha_dst, alpha_edge = common_dtype(
-            x_src, alpha_src, alpha_dst, alpha_edge)
-        bias = _epilogue_bias(self, x_src, res)
-        out, alpha = gat_attention(adj.graph, x_src, alpha_src, alpha_dst, alpha_edge,
-                                   self.negative_slope, self._fused_dropout,
-                                   bool(return_attention_weights), bias)
+        n = x_src.size(0)
+        if node and not (isinstance(adj.graph, CSRGraph) and adj.graph.num_src == n
+                         and adj.graph.num_dst == n):
+            node = False   # (a size argument made the graph rectangular)
+            alpha_src, alpha_dst = self._node_logits(x, x_in_src, x_in_dst, x_src, x_dst, lin)
+        if node:
+            x_src, alpha_edge = common_dtype(x_src, alpha_edge)
+            bias = _epilogue_bias(self, x_src, res)
+            out, alpha = gat_node_attention(
+                adj.graph, x_src, self.att_src, self.att_dst, alpha_edge, self.negative_slope,
+                self._fused_dropout, bool(return_attention_weights), bias)
+        else:
+            if alpha_dst is None:  # bipartite without target features: a_dst = 0
+                alpha_dst = alpha_src.new_zeros(adj.graph.num_dst, H)
+            x_src, alpha_src, alpha_dst, alpha_edge = common_dtype(
+                x_src, alpha_src, alpha_dst, alpha_edge)
+            bias = _epilogue_bias(self, x_src, res)
+            out, alpha = gat_attention(adj.graph, x_src, alpha_src, alpha_dst, alpha_edge,
+                                       self.negative_slope, self._fused_dropout,
+                                       bool(return_attention_weights), bias)
         out = self._fused_merge_heads(out, res, add_bias_here=bias is None)
         if return_attention_weights:
             return attention_weights(out, adj.adj, alpha)

@@ -17,11 +17,12 @@ import torch
 from torch import Tensor
 
 from ..graph import CSRGraph, GraphRef
+from ..schedule import plan_for
 from . import fused, reference
 from .fused import BACKWARD_MODES, backward_mode, set_backward_mode
 from .reference import DOT, GAT, GATV2
 
-__all__ = ["gat_attention", "gatv2_attention", "dot_attention", "agnn_attention",
+__all__ = ["gat_attention", "gat_node_attention", "gatv2_attention", "dot_attention", "agnn_attention",
            "GAT", "GATV2", "DOT", "reference", "fused", "SUPPORTED_DTYPES",
            "set_backward_mode", "backward_mode", "BACKWARD_MODES"]
 
@@ -34,7 +35,8 @@ _ROWS = {"src": ("num_src", "source nodes", "source node"),
          "E": ("num_edges", "edges", "edge")}
 #: other dimension symbols, bound by the first argument that has them
 _DIMS = {"H": ("heads", "num_heads"), "F": ("features", "features"),
-         "Fv": ("value features", "value_features"), "C": ("bias features", "out_features")}
+         "Fv": ("value features", "value_features"), "C": ("bias features", "out_features"),
+         "Cb": ("bias features", "out_features")}
 
 
 def _layout(dims) -> str:
@@ -49,11 +51,13 @@ def _check_graph(graph: Any) -> None:
             f"build one with pyg_dfgnn.graph.get_graph(edge_index, (num_src, num_dst))")
 
 
-def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = ()) -> Dict[str, int]:
+def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = (),
+                  same_dtype: Optional[Tuple[str, ...]] = None) -> Dict[str, int]:
     """Validate ``(name, tensor or None, dims)`` arguments against the graph and
     each other; every message names the user's argument and what was expected.
     ``dims`` lists one symbol per dimension (see ``_ROWS`` / ``_DIMS``); the
-    arguments named in ``optional`` may be ``None``.
+    arguments named in ``optional`` may be ``None``; the arguments named in
+    ``same_dtype`` (default: all) must share one dtype.
     Returns the sizes bound to the non-row symbols."""
     _check_graph(graph)
     bound: Dict[str, Tuple[int, str]] = {}
@@ -87,6 +91,8 @@ def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = ()) -> Di
                 bound.setdefault(sym, (n, name))
         if t.device != graph.device:
             raise ValueError(f"'{name}' is on {t.device} but the graph is on {graph.device}")
+        if same_dtype is not None and name not in same_dtype:
+            continue
         if first is None:
             first = (name, t)
         elif t.dtype != first[1].dtype:
@@ -162,6 +168,75 @@ def gat_attention(graph: CSRGraph, x: Tensor, a_src: Tensor, a_dst: Tensor,
     negative_slope = _check_float("negative_slope", negative_slope)
     return _run(GAT, graph, a_dst, a_src, x, a_edge, bias, 1.0, negative_slope, dropout,
                 return_alpha)
+
+
+def gat_node_attention(graph: CSRGraph, x: Tensor, att_src: Tensor, att_dst: Tensor,
+                       a_edge: Optional[Tensor] = None, negative_slope: float = 0.2,
+                       dropout: float = 0.0, return_alpha: bool = False,
+                       bias: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    r""":func:`gat_attention` with GAT's node logits computed by the op:
+    :math:`a^{src}_{n,h} = \sum_{c<C} x_{n,h,c}\,\mathrm{att}^{src}_{h,c}` and
+    :math:`a^{dst}` alike, for a graph whose source and destination nodes are
+    the same (``x`` gives both sides' logits, as in a GAT layer on one node
+    set).
+
+    ``x [N, H, F]``, ``att_src`` / ``att_dst [H, C]`` (PyG's ``[1, H, C]``
+    accepted), ``C <= F`` (the features ``C..F-1`` of a padded projection take
+    no part in the logits).  The attention vectors may have another float
+    dtype than ``x`` (autocast: the layer's fp32 parameters): the logits are
+    computed in fp32 (float64 for float64 ``x``) and rounded once to ``x``'s
+    dtype.  ``a_edge``, ``bias``, ``dropout`` and the result as in
+    :func:`gat_attention`.  Gradients reach ``x`` (through the values and the
+    logits), ``att_src``, ``att_dst``, ``a_edge`` and ``bias``.
+
+    On eager CUDA calls this is one autograd node: a node-wise logits pass over
+    ``x`` (no ``[N, H, C]`` products in memory) and the fused attention, and
+    in backward the fused backward, the logits' share of ``d_x`` added in place
+    and ``d_att`` as one batched GEMM.
+    """
+    if isinstance(graph, (CSRGraph, GraphRef)) and graph.num_src != graph.num_dst:
+        raise ValueError(
+            f"gat_node_attention needs a graph with as many source as destination nodes "
+            f"(x gives both sides' logits), got {graph.num_src} x {graph.num_dst}; use "
+            f"gat_attention with the logits of each side")
+    atts = []
+    for name, a in (("att_src", att_src), ("att_dst", att_dst)):
+        if isinstance(a, Tensor) and a.dim() == 3 and a.size(0) == 1:
+            a = a[0]
+        if not isinstance(a, Tensor) or a.dim() != 2 or not a.is_floating_point():
+            raise ValueError(f"'{name}' must be a float Tensor of shape [num_heads, C] "
+                             f"(or [1, num_heads, C]), got "
+                             f"{list(a.shape) if isinstance(a, Tensor) else type(a).__name__}")
+        atts.append(a)
+    sizes = _check_inputs(graph, ("x", x, ("src", "H", "F")), ("att_src", atts[0], ("H", "C")),
+                          ("a_edge", a_edge, ("E", "H")), ("bias", bias, ("H", "Cb")),
+                          optional=("a_edge", "bias"), same_dtype=("x", "a_edge", "bias"))
+    if atts[1].shape != atts[0].shape or atts[1].device != atts[0].device:
+        raise ValueError(f"'att_dst' has shape {list(atts[1].shape)} on {atts[1].device} but "
+                         f"'att_src' {list(atts[0].shape)} on {atts[0].device}; they must agree")
+    if sizes["C"] > sizes["F"]:
+        raise ValueError(f"'att_src' has {sizes['C']} features per head but 'x' has "
+                         f"{sizes['F']}: the attention vectors may be narrower than x's "
+                         f"heads, not wider")
+    if bias is not None and sizes["Cb"] > sizes["F"]:
+        raise ValueError(f"'bias' has {sizes['Cb']} features per head but 'x' has "
+                         f"{sizes['F']}: it may be narrower than x's heads (the output "
+                         f"keeps its width), not wider")
+    negative_slope = _check_float("negative_slope", negative_slope)
+    att_src, att_dst = att_src.contiguous(), att_dst.contiguous()
+    if (x.dtype == torch.float64 or isinstance(graph, GraphRef)
+            or torch.compiler.is_compiling() or not (x.is_cuda or x.is_cpu)):
+        a_src, a_dst = fused.gat_logits_ref(x, atts[0], atts[1])
+        return _run(GAT, graph, a_dst, a_src, x, a_edge, bias, 1.0, negative_slope, dropout,
+                    return_alpha)
+    seed = _seed(dropout, graph.device)
+    plan = plan_for(graph, GAT, x.size(2), x.size(1), x.dtype)
+    out, _lse, alpha = fused.gat_node_attention_on(
+        graph, plan, x.contiguous(), att_src, att_dst,
+        None if a_edge is None else a_edge.contiguous(),
+        None if bias is None else bias.contiguous(), negative_slope, float(dropout), seed,
+        bool(return_alpha))
+    return out, (alpha if return_alpha else None)
 
 
 def gatv2_attention(graph: CSRGraph, x_src: Tensor, x_dst: Tensor, att: Tensor,

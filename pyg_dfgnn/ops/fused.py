@@ -448,6 +448,118 @@ def attention_on(kind: int, graph, plan, dst_feat: Tensor, src_feat: Tensor,
                          plan.t_work, plan.t_merge)
 
 
+# --------------------------------------------------------------------------- #
+# GAT with its node logits computed next to the attention
+# --------------------------------------------------------------------------- #
+
+def _logits_math_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def gat_logits_ref(x: Tensor, att_src: Tensor, att_dst: Tensor) -> Tuple[Tensor, Tensor]:
+    """GAT's node logits ``a[n, h] = sum_{c < C} x[n, h, c] att[h, c]`` for
+    ``x [N, H, F >= C]`` and ``att [H, C]`` (or PyG's ``[1, H, C]``): products
+    and sums in fp32 (float64 for float64 ``x``), rounded once to ``x``'s
+    dtype, as the CUDA op computes them.  Differentiable (torch ops)."""
+    H, C = x.size(1), att_src.size(-1)
+    dt = _logits_math_dtype(x)
+    xs = x[..., :C].to(dt)
+    return tuple((xs * a.reshape(H, C).to(dt)).sum(-1).to(x.dtype) for a in (att_src, att_dst))
+
+
+def _gat_logits(x: Tensor, att_src: Tensor, att_dst: Tensor) -> Tuple[Tensor, Tensor]:
+    if x.is_cuda and x.dtype != torch.float64:
+        return tuple(_ext().gat_logits(x, att_src, att_dst))
+    with torch.no_grad():
+        return gat_logits_ref(x, att_src, att_dst)
+
+
+def _gat_logits_bwd(x: Tensor, att_src: Tensor, att_dst: Tensor, d_src: Tensor, d_dst: Tensor,
+                    d_x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Adds the logits' share ``d_src att_src + d_dst att_dst`` to ``d_x`` (in
+    place) and returns ``(d_att_src, d_att_dst)`` shaped and typed like the
+    attention vectors."""
+    if x.is_cuda and x.dtype != torch.float64:
+        return tuple(_ext().gat_logits_bwd(x, att_src, att_dst, d_src, d_dst, d_x))
+    H, C = x.size(1), att_src.size(-1)
+    dt = _logits_math_dtype(x)
+    xs = x[..., :C].to(dt)
+    ws, wd = (a.reshape(H, C).to(dt) for a in (att_src, att_dst))
+    gs, gd = d_src.to(dt).unsqueeze(-1), d_dst.to(dt).unsqueeze(-1)
+    d_x[..., :C] = (d_x[..., :C].to(dt) + gs * ws + gd * wd).to(d_x.dtype)
+    return ((gs * xs).sum(0).to(x.dtype).to(att_src.dtype).view_as(att_src),
+            (gd * xs).sum(0).to(x.dtype).to(att_dst.dtype).view_as(att_dst))
+
+
+class EagerGATNodeAttention(torch.autograd.Function):
+    """GAT's attention with the node logits computed from ``x`` and the
+    attention vectors inside the same autograd node (eager CUDA and CPU
+    calls; :func:`pyg_dfgnn.ops.gat_node_attention`): forward = the logits
+    op (one pass over ``x``, no ``[N, H, C]`` products) + the fused
+    attention; backward = the fused backward + the logits' backward (their
+    share of ``d_x`` added in place, ``d_att`` as one batched GEMM).  One
+    Function instead of the layer's four logit ops and their four autograd
+    nodes: the host time of a layer call.
+
+    ``apply(meta, x, att_src, att_dst, edge, bias)``, ``meta = (graph, plan,
+    negative_slope, dropout_p, seed, need_alpha)``; returns ``(out, lse,
+    alpha)`` like :func:`attention_on`."""
+
+    @staticmethod
+    def forward(ctx, meta, x, att_src, att_dst, edge, bias):
+        g, plan, slope, p, seed, need_alpha = meta
+        cuda = x.is_cuda
+        a_src, a_dst = _gat_logits(x, att_src, att_dst)
+        extra = {}
+        if not cuda:
+            extra["ops"] = ctx.ops = _cpu_ops(ref.GAT, a_src, x)
+        out, lse, alpha = (_cuda_fwd if cuda else _cpu_fwd)(
+            ref.GAT, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, a_dst, a_src, x,
+            edge, bias, 1.0, slope, p, seed, need_alpha, plan.sched, plan.work, plan.merge,
+            plan.t_work, plan.t_merge, **extra)
+        ctx.meta = meta
+        ctx.save_for_backward(x, att_src, att_dst, a_src, a_dst, edge, bias, out, lse)
+        ctx.mark_non_differentiable(lse, alpha)
+        ctx.set_materialize_grads(False)
+        return out, lse, alpha
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse, _grad_alpha):
+        if grad_out is None:
+            return (None,) * 6
+        x, att_src, att_dst, a_src, a_dst, edge, bias, out, lse = ctx.saved_tensors
+        g, plan, slope, p, seed, _ = ctx.meta
+        cuda = x.is_cuda
+        extra = {} if cuda else {"ops": ctx.ops}
+        grads = (_cuda_bwd if cuda else _cpu_bwd)(
+            ref.GAT, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, a_dst, a_src, x,
+            edge, bias, 1.0, slope, p, seed, out, lse, grad_out, plan.sched, plan.work,
+            plan.merge, plan.t_work, plan.t_merge, **extra)
+        d_dst, d_src, d_x, d_edge, d_bias = _input_grads(grads, x, edge, bias)
+        d_as, d_ad = _gat_logits_bwd(x, att_src, att_dst, d_src, d_dst, d_x)
+        return None, d_x, d_as, d_ad, d_edge, d_bias
+
+
+def gat_node_attention_on(graph, plan, x: Tensor, att_src: Tensor, att_dst: Tensor,
+                          edge: Optional[Tensor], bias: Optional[Tensor],
+                          negative_slope: float, dropout_p: float, seed: Optional[Tensor],
+                          need_alpha: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """:class:`EagerGATNodeAttention` for an eager CUDA / CPU call whose ``x`` is
+    not float64 (the caller checks); without autograd to record, its forward
+    alone."""
+    s = _seed_int(seed)
+    meta = (graph, plan, negative_slope, dropout_p, s, need_alpha)
+    if not (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, att_src, att_dst, edge, bias))):
+        a_src, a_dst = _gat_logits(x, att_src, att_dst)
+        g = graph
+        return (_cuda_fwd if x.is_cuda else _cpu_fwd)(
+            ref.GAT, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, a_dst, a_src, x,
+            edge, bias, 1.0, negative_slope, dropout_p, s, need_alpha, plan.sched, plan.work,
+            plan.merge, plan.t_work, plan.t_merge)
+    return EagerGATNodeAttention.apply(meta, x, att_src, att_dst, edge, bias)
+
+
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
     """``attention_fwd(*args)`` (the op's 22 arguments) with autograd, by the
     cheapest correct route (:func:`attention_on`)."""

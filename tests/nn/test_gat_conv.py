@@ -228,3 +228,36 @@ def test_bias_under_autocast_keeps_pygs_dtype(monkeypatch):
         a, b = ref(x, ei), ours(x, ei)
     assert b.dtype == a.dtype == torch.float32
     assert seen == [None] and torch.isfinite(b).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [dict(heads=3), dict(heads=1, concat=False),
+                                dict(heads=3, concat=False), dict(heads=2, residual=True),
+                                dict(heads=2, edge_dim=3), dict(heads=2, bias=False),
+                                dict(heads=2, add_self_loops=False)])
+def test_node_logits_in_the_op(device, kw, monkeypatch):
+    """The layer's node-logit path (``ops.gat_node_attention``: the logits
+    computed by the op, one autograd node), which eager CUDA calls take, equals
+    PyG's layer forward and backward in every configuration; forced on the CPU
+    here (its own test there), on CUDA it is the default.  A rectangular
+    ``size`` keeps the layer's own logits."""
+    from pyg_dfgnn.nn import gat_conv
+    monkeypatch.setattr(gat_conv, "_NODE_LOGITS_DEVICES", ("cuda", "cpu"))
+    calls = []
+    node = gat_conv.gat_node_attention
+
+    def recorded(*args, **kwargs):
+        calls.append(args[1].shape)
+        return node(*args, **kwargs)
+    monkeypatch.setattr(gat_conv, "gat_node_attention", recorded)
+    ei = random_edge_index(N, N, E, device=device)
+    edge = dict(edge_attr=torch.randn(E, 3, device=device)) if "edge_dim" in kw else None
+    check_equivalence(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, out_channels=4, **kw),
+                      (feats(N, F_IN, device, torch.float32), ei), edge, device=device,
+                      dtype=torch.float32)
+    assert calls, "the node-logit path was not taken"
+    calls.clear()
+    check_equivalence(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, out_channels=4, **kw),
+                      (feats(N, F_IN, device, torch.float32), ei), dict(size=(N, N - 2)),
+                      device=device, dtype=torch.float32)
+    assert not calls

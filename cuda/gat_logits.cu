@@ -1,0 +1,223 @@
+// GAT's node logits, computed next to the fused attention instead of by the
+// layer's two `(x * att).sum(-1)` expressions (each an [N, H, C] product in
+// memory, and four ATen ops plus four autograd nodes of host time per layer):
+//
+//   forward   a_src[n, h] = sum_{c < C} x[n, h, c] att_src[h, c]   (a_dst alike)
+//   backward  d_x[n, h, c] += d_src[n, h] att_src[h, c] + d_dst[n, h] att_dst[h, c]
+//             d_att_src[h, c] = sum_n d_src[n, h] x[n, h, c]      (d_att_dst alike)
+//
+// x is [N, H, F] with F >= C (a value row projected into the kernels' padded
+// head width has zero columns C..F-1, which the logits skip).  One group of G
+// lanes per (node, head) walks the row's F features in VEC-wide loads and
+// reduces with the lane-group shuffles of the attention kernels; the products
+// and sums are fp32, the attention vectors fp32 whatever x's dtype (under
+// autocast the layer's fp32 parameters are used as they are), and the logits
+// are rounded once to x's dtype, the dtype the attention kernels take them in.
+// d_att is one batched GEMM over the heads (cuBLAS, x read once).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "attention_kernels.cuh"
+
+namespace dfgnn {
+namespace {
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+gat_logits_kernel(const T* __restrict__ x, const float* __restrict__ att_s,
+                  const float* __restrict__ att_d, T* __restrict__ a_s, T* __restrict__ a_d,
+                  int64_t pairs, int64_t H, int64_t F, int64_t C, int G) {
+  const Group g(G);
+  const int64_t pair = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / G;
+  if (pair >= pairs) return;   // (a whole group: G divides kThreads)
+  const int64_t h = pair % H;
+  const T* row = x + pair * F;
+  const float* ws = att_s + h * C;
+  const float* wd = att_d + h * C;
+  float s = 0.f, d = 0.f;
+  for (int64_t c = (int64_t)g.lg * VEC; c < C; c += (int64_t)G * VEC) {
+    float v[VEC];
+    load_vec<T, VEC>(row + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      if (c + k < C) {
+        s = fmaf(v[k], __ldg(ws + c + k), s);
+        d = fmaf(v[k], __ldg(wd + c + k), d);
+      }
+    }
+  }
+  s = g.sum(s);
+  d = g.sum(d);
+  if (g.lg == 0) {
+    a_s[pair] = from_f<T>(s);
+    a_d[pair] = from_f<T>(d);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+gat_logits_bwd_kernel(T* __restrict__ dx, const T* __restrict__ ds, const T* __restrict__ dd,
+                      const float* __restrict__ att_s, const float* __restrict__ att_d,
+                      int64_t pairs, int64_t H, int64_t F, int64_t C, int G) {
+  const Group g(G);
+  const int64_t pair = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / G;
+  if (pair >= pairs) return;
+  const int64_t h = pair % H;
+  const float gs = to_f(ds[pair]), gd = to_f(dd[pair]);
+  T* row = dx + pair * F;
+  const float* ws = att_s + h * C;
+  const float* wd = att_d + h * C;
+  for (int64_t c = (int64_t)g.lg * VEC; c < C; c += (int64_t)G * VEC) {
+    float v[VEC];
+    load_vec<T, VEC>(row + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      if (c + k < C) v[k] += gs * __ldg(ws + c + k) + gd * __ldg(wd + c + k);
+    }
+    if (c + VEC <= C) {
+      store_vec<T, VEC>(row + c, v);
+    } else {   // the row's last, partial vector (C not a multiple of VEC)
+      for (int k = 0; k < VEC && c + k < C; ++k) row[c + k] = from_f<T>(v[k]);
+    }
+  }
+}
+
+// Widest load (elements) dividing F and the rows' alignment; the lane-group
+// size covering one head's F features in one sweep where it fits a warp.
+struct RowMap {
+  int vec, G;
+};
+
+RowMap row_map(const at::Tensor& x, int64_t F) {
+  const int64_t esz = (int64_t)x.element_size();
+  const auto addr = reinterpret_cast<uintptr_t>(x.data_ptr());
+  int vec = 1;
+  for (int64_t bytes : {16, 8, 4}) {
+    const int64_t v = bytes / esz;
+    if (v > 1 && F % v == 0 && addr % bytes == 0) { vec = (int)v; break; }
+  }
+  const int64_t vecs = (F + vec - 1) / vec;
+  int G = 1;
+  while (G < 32 && G < vecs) G <<= 1;
+  return {vec, G};
+}
+
+template <typename T, template <typename, int> class Fn, typename... A>
+void by_vec(int vec, A&&... a) {
+  switch (vec) {
+    case 8: if constexpr (sizeof(T) == 2) { Fn<T, 8>::run(a...); return; } break;
+    case 4: Fn<T, 4>::run(a...); return;
+    case 2: Fn<T, 2>::run(a...); return;
+    default: break;
+  }
+  Fn<T, 1>::run(a...);
+}
+
+unsigned blocks_for(int64_t pairs, int G) {
+  const int64_t b = (pairs * G + kThreads - 1) / kThreads;
+  TORCH_CHECK(b < (int64_t)INT32_MAX, "pyg_dfgnn: gat_logits: problem too large");
+  return (unsigned)std::max<int64_t>(b, 1);
+}
+
+template <typename T, int VEC>
+struct LogitsFwd {
+  static void run(const at::Tensor& x, const at::Tensor& as, const at::Tensor& ad,
+                  at::Tensor& os, at::Tensor& od, int64_t C, int G) {
+    const int64_t pairs = x.size(0) * x.size(1);
+    gat_logits_kernel<T, VEC><<<blocks_for(pairs, G), kThreads, 0,
+                                c10::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<T>(), as.data_ptr<float>(), ad.data_ptr<float>(), os.data_ptr<T>(),
+        od.data_ptr<T>(), pairs, x.size(1), x.size(2), C, G);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+template <typename T, int VEC>
+struct LogitsBwd {
+  static void run(at::Tensor& dx, const at::Tensor& ds, const at::Tensor& dd,
+                  const at::Tensor& as, const at::Tensor& ad, int64_t C, int G) {
+    const int64_t pairs = dx.size(0) * dx.size(1);
+    gat_logits_bwd_kernel<T, VEC><<<blocks_for(pairs, G), kThreads, 0,
+                                    c10::cuda::getCurrentCUDAStream()>>>(
+        dx.data_ptr<T>(), ds.data_ptr<T>(), dd.data_ptr<T>(), as.data_ptr<float>(),
+        ad.data_ptr<float>(), pairs, dx.size(1), dx.size(2), C, G);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+template <template <typename, int> class Fn, typename... A>
+void by_dtype(at::ScalarType dt, int vec, A&&... a) {
+  switch (dt) {
+    case at::kFloat: by_vec<float, Fn>(vec, a...); return;
+    case at::kHalf: by_vec<c10::Half, Fn>(vec, a...); return;
+    case at::kBFloat16: by_vec<c10::BFloat16, Fn>(vec, a...); return;
+    default: TORCH_CHECK(false, "pyg_dfgnn: gat_logits: unsupported dtype ", dt);
+  }
+}
+
+// att [H, C] (a leading 1 of PyG's [1, H, C] parameter allowed) as fp32 [H, C]
+at::Tensor att_f32(const at::Tensor& att, const at::Tensor& x, const char* name) {
+  TORCH_CHECK(att.device() == x.device(), "pyg_dfgnn: '", name, "' is on ", att.device(),
+              ", expected ", x.device());
+  const auto a = att.dim() == 3 && att.size(0) == 1 ? att.select(0, 0) : att;
+  TORCH_CHECK(a.dim() == 2 && a.size(0) == x.size(1) && a.size(1) <= x.size(2),
+              "pyg_dfgnn: '", name, "' must be [heads, C] with C <= x's ", x.size(2),
+              " features per head, got ", att.sizes());
+  return a.to(at::kFloat).contiguous();
+}
+
+void check_x(const at::Tensor& x) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 3 && x.is_contiguous(),
+              "pyg_dfgnn: gat_logits: 'x' must be a contiguous CUDA tensor [N, heads, F]");
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> gat_logits(const at::Tensor& x, const at::Tensor& att_src,
+                                              const at::Tensor& att_dst) {
+  check_x(x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto as = att_f32(att_src, x, "att_src"), ad = att_f32(att_dst, x, "att_dst");
+  TORCH_CHECK(as.sizes() == ad.sizes(), "pyg_dfgnn: 'att_src' and 'att_dst' must agree");
+  auto os = at::empty({x.size(0), x.size(1)}, x.options());
+  auto od = at::empty({x.size(0), x.size(1)}, x.options());
+  if (x.numel() > 0) {
+    const RowMap m = row_map(x, x.size(2));
+    by_dtype<LogitsFwd>(x.scalar_type(), m.vec, x, as, ad, os, od, as.size(1), m.G);
+  } else if (os.numel() > 0) {   // F == 0: empty sums
+    os.zero_();
+    od.zero_();
+  }
+  return {os, od};
+}
+
+std::tuple<at::Tensor, at::Tensor> gat_logits_bwd(const at::Tensor& x, const at::Tensor& att_src,
+                                                  const at::Tensor& att_dst,
+                                                  const at::Tensor& d_src,
+                                                  const at::Tensor& d_dst, at::Tensor& d_x) {
+  check_x(x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto as = att_f32(att_src, x, "att_src"), ad = att_f32(att_dst, x, "att_dst");
+  const int64_t N = x.size(0), H = x.size(1), C = as.size(1);
+  TORCH_CHECK(d_x.sizes() == x.sizes() && d_x.is_contiguous() &&
+                  d_x.scalar_type() == x.scalar_type(),
+              "pyg_dfgnn: gat_logits_bwd: 'd_x' must be like 'x'");
+  for (const auto* t : {&d_src, &d_dst})
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == N && t->size(1) == H && t->is_contiguous() &&
+                    t->scalar_type() == x.scalar_type(),
+                "pyg_dfgnn: gat_logits_bwd: the logits' gradients must be [N, heads] like x");
+  // d_att[h, s, c] = sum_n d_s[n, h] x[n, h, c], s in (src, dst): one batched
+  // GEMM [H, 2, N] x [H, N, C] (x's heads as a strided batch, read once)
+  const auto g = at::stack({d_src.t(), d_dst.t()}, 1);         // [H, 2, N]
+  const auto d_att = at::bmm(g, x.narrow(2, 0, C).transpose(0, 1));   // [H, 2, C]
+  const auto d_as = d_att.select(1, 0).to(att_src.scalar_type()).contiguous();
+  const auto d_ad = d_att.select(1, 1).to(att_dst.scalar_type()).contiguous();
+  if (x.numel() > 0 && C > 0) {
+    const RowMap m = row_map(d_x, x.size(2));
+    by_dtype<LogitsBwd>(x.scalar_type(), m.vec, d_x, d_src, d_dst, as, ad, C, m.G);
+  }
+  return {d_as.view(att_src.sizes()), d_ad.view(att_dst.sizes())};
+}
+
+}  // namespace dfgnn
