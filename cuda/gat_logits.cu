@@ -13,10 +13,13 @@
 // and sums are fp32, the attention vectors fp32 whatever x's dtype (under
 // autocast the layer's fp32 parameters are used as they are), and the logits
 // are rounded once to x's dtype, the dtype the attention kernels take them in.
-// d_att is one batched GEMM over the heads (cuBLAS, x read once).
+// The backward is one more pass over x and d_x, which also sums d_att.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <atomic>
 
 #include "attention_kernels.cuh"
 
@@ -55,31 +58,76 @@ gat_logits_kernel(const T* __restrict__ x, const float* __restrict__ att_s,
   }
 }
 
+// Backward, one pass over x and d_x.  A block owns a tile of nvb <= kThreads
+// vectors of the flat [H * F] node row (each thread the same VEC features of
+// every node it visits, so its attention-vector values stay in registers) and
+// a chunk of nodes, rpi = kThreads / nvb rows in flight.  d_x gets the
+// logits' share in place; the d_att sums of the chunk go to part[chunk, side,
+// H * F] (fp32, no atomics: summed over the chunks afterwards).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
-gat_logits_bwd_kernel(T* __restrict__ dx, const T* __restrict__ ds, const T* __restrict__ dd,
-                      const float* __restrict__ att_s, const float* __restrict__ att_d,
-                      int64_t pairs, int64_t H, int64_t F, int64_t C, int G) {
-  const Group g(G);
-  const int64_t pair = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / G;
-  if (pair >= pairs) return;
-  const int64_t h = pair % H;
-  const float gs = to_f(ds[pair]), gd = to_f(dd[pair]);
-  T* row = dx + pair * F;
-  const float* ws = att_s + h * C;
-  const float* wd = att_d + h * C;
-  for (int64_t c = (int64_t)g.lg * VEC; c < C; c += (int64_t)G * VEC) {
-    float v[VEC];
-    load_vec<T, VEC>(row + c, v);
+gat_logits_bwd_kernel(T* __restrict__ dx, const T* __restrict__ x, const T* __restrict__ ds,
+                      const T* __restrict__ dd, const float* __restrict__ att_s,
+                      const float* __restrict__ att_d, float* __restrict__ part, int64_t N,
+                      int64_t H, int64_t F, int64_t C, int nvb, int64_t chunk) {
+  __shared__ float red[2 * kThreads * 8];
+  const int t = threadIdx.x, rpi = kThreads / nvb, r = t / nvb, lv = t % nvb;
+  const int64_t R = H * F, nv = R / VEC;
+  const int64_t v = (int64_t)blockIdx.x * nvb + lv;
+  const bool on = r < rpi && v < nv;
+  float acc_s[VEC], acc_d[VEC], ws[VEC], wd[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) acc_s[k] = acc_d[k] = ws[k] = wd[k] = 0.f;
+  int64_t h = 0, e = 0;
+  if (on) {
+    e = v * VEC;
+    h = e / F;
+    const int64_t c0 = e % F;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      if (c + k < C) v[k] += gs * __ldg(ws + c + k) + gd * __ldg(wd + c + k);
+      if (c0 + k < C) {
+        ws[k] = __ldg(att_s + h * C + c0 + k);
+        wd[k] = __ldg(att_d + h * C + c0 + k);
+      }
     }
-    if (c + VEC <= C) {
-      store_vec<T, VEC>(row + c, v);
-    } else {   // the row's last, partial vector (C not a multiple of VEC)
-      for (int k = 0; k < VEC && c + k < C; ++k) row[c + k] = from_f<T>(v[k]);
+    const bool upd = c0 < C;
+    const int64_t n1 = min(N, ((int64_t)blockIdx.y + 1) * chunk);
+    for (int64_t n = (int64_t)blockIdx.y * chunk + r; n < n1; n += rpi) {
+      const float gs = to_f(ds[n * H + h]), gd = to_f(dd[n * H + h]);
+      float xv[VEC];
+      load_vec<T, VEC>(x + n * R + e, xv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        acc_s[k] = fmaf(gs, xv[k], acc_s[k]);
+        acc_d[k] = fmaf(gd, xv[k], acc_d[k]);
+      }
+      if (upd) {
+        T* p = dx + n * R + e;
+        float g[VEC];
+        load_vec<T, VEC>(p, g);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) g[k] += gs * ws[k] + gd * wd[k];
+        store_vec<T, VEC>(p, g);
+      }
     }
+  }
+  // the block's rows in flight summed per position (zeros from idle threads)
+  const int W = nvb * VEC;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    if (r < rpi) {
+      red[(0 * rpi + r) * W + lv * VEC + k] = acc_s[k];
+      red[(1 * rpi + r) * W + lv * VEC + k] = acc_d[k];
+    }
+  }
+  __syncthreads();
+  for (int j = t; j < 2 * W; j += kThreads) {
+    const int side = j / W, q = j % W;
+    const int64_t pos = (int64_t)blockIdx.x * W + q;
+    if (pos >= R) continue;
+    float sum = 0.f;
+    for (int rr = 0; rr < rpi; ++rr) sum += red[(side * rpi + rr) * W + q];
+    part[((int64_t)blockIdx.y * 2 + side) * R + pos] = sum;
   }
 }
 
@@ -89,9 +137,10 @@ struct RowMap {
   int vec, G;
 };
 
-RowMap row_map(const at::Tensor& x, int64_t F) {
+RowMap row_map(const at::Tensor& x, int64_t F, const at::Tensor& y = at::Tensor()) {
   const int64_t esz = (int64_t)x.element_size();
-  const auto addr = reinterpret_cast<uintptr_t>(x.data_ptr());
+  auto addr = reinterpret_cast<uintptr_t>(x.data_ptr());
+  if (y.defined()) addr |= reinterpret_cast<uintptr_t>(y.data_ptr());
   int vec = 1;
   for (int64_t bytes : {16, 8, 4}) {
     const int64_t v = bytes / esz;
@@ -112,6 +161,17 @@ void by_vec(int vec, A&&... a) {
     default: break;
   }
   Fn<T, 1>::run(a...);
+}
+
+int sm_count() {   // of the current device, asked of the driver once per device
+  static std::atomic<int> counts[64];
+  const int dev = c10::cuda::current_device();
+  int n = dev < 64 ? counts[dev].load() : 0;
+  if (n == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) counts[dev].store(n);
+  }
+  return n;
 }
 
 unsigned blocks_for(int64_t pairs, int G) {
@@ -135,13 +195,15 @@ struct LogitsFwd {
 
 template <typename T, int VEC>
 struct LogitsBwd {
-  static void run(at::Tensor& dx, const at::Tensor& ds, const at::Tensor& dd,
-                  const at::Tensor& as, const at::Tensor& ad, int64_t C, int G) {
-    const int64_t pairs = dx.size(0) * dx.size(1);
-    gat_logits_bwd_kernel<T, VEC><<<blocks_for(pairs, G), kThreads, 0,
+  static void run(at::Tensor& dx, const at::Tensor& x, const at::Tensor& ds,
+                  const at::Tensor& dd, const at::Tensor& as, const at::Tensor& ad,
+                  at::Tensor& part, int64_t C, int nvb, int64_t tiles, int64_t chunks,
+                  int64_t chunk) {
+    gat_logits_bwd_kernel<T, VEC><<<dim3((unsigned)tiles, (unsigned)chunks), kThreads, 0,
                                     c10::cuda::getCurrentCUDAStream()>>>(
-        dx.data_ptr<T>(), ds.data_ptr<T>(), dd.data_ptr<T>(), as.data_ptr<float>(),
-        ad.data_ptr<float>(), pairs, dx.size(1), dx.size(2), C, G);
+        dx.data_ptr<T>(), x.data_ptr<T>(), ds.data_ptr<T>(), dd.data_ptr<T>(),
+        as.data_ptr<float>(), ad.data_ptr<float>(), part.data_ptr<float>(), x.size(0),
+        x.size(1), x.size(2), C, nvb, chunk);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };
@@ -207,16 +269,29 @@ std::tuple<at::Tensor, at::Tensor> gat_logits_bwd(const at::Tensor& x, const at:
     TORCH_CHECK(t->dim() == 2 && t->size(0) == N && t->size(1) == H && t->is_contiguous() &&
                     t->scalar_type() == x.scalar_type(),
                 "pyg_dfgnn: gat_logits_bwd: the logits' gradients must be [N, heads] like x");
-  // d_att[h, s, c] = sum_n d_s[n, h] x[n, h, c], s in (src, dst): one batched
-  // GEMM [H, 2, N] x [H, N, C] (x's heads as a strided batch, read once)
-  const auto g = at::stack({d_src.t(), d_dst.t()}, 1);         // [H, 2, N]
-  const auto d_att = at::bmm(g, x.narrow(2, 0, C).transpose(0, 1));   // [H, 2, C]
-  const auto d_as = d_att.select(1, 0).to(att_src.scalar_type()).contiguous();
-  const auto d_ad = d_att.select(1, 1).to(att_dst.scalar_type()).contiguous();
-  if (x.numel() > 0 && C > 0) {
-    const RowMap m = row_map(d_x, x.size(2));
-    by_dtype<LogitsBwd>(x.scalar_type(), m.vec, d_x, d_src, d_dst, as, ad, C, m.G);
+  // one pass: d_x in place and the d_att sums per chunk of nodes (gat_logits_bwd_kernel)
+  const int64_t F = x.size(2), R = H * F;
+  at::Tensor d_att;   // [2, H, C] fp32
+  if (N == 0 || C == 0) {
+    d_att = at::zeros({2, H, C}, x.options().dtype(at::kFloat));
+  } else {
+    const RowMap m = row_map(x, F, d_x);
+    const int64_t nv = R / m.vec;
+    const int nvb = (int)std::min<int64_t>(nv, kThreads);
+    const int64_t tiles = (nv + nvb - 1) / nvb, rpi = kThreads / nvb;
+    // about 4 blocks per SM in all, every chunk at least a few rows per thread
+    const int64_t sms = sm_count();
+    const int64_t chunks = std::max<int64_t>(
+        1, std::min<int64_t>((4 * sms + tiles - 1) / tiles, (N + 4 * rpi - 1) / (4 * rpi)));
+    const int64_t chunk = (N + chunks - 1) / chunks;
+    TORCH_CHECK(tiles < 65536 && chunks < 65536, "pyg_dfgnn: gat_logits_bwd: too large");
+    auto part = at::empty({chunks, 2, R}, x.options().dtype(at::kFloat));
+    by_dtype<LogitsBwd>(x.scalar_type(), m.vec, d_x, x, d_src, d_dst, as, ad, part, C, nvb,
+                        tiles, chunks, chunk);
+    d_att = (chunks > 1 ? part.sum(0) : part[0]).view({2, H, F}).narrow(2, 0, C);
   }
+  const auto d_as = d_att[0].to(att_src.scalar_type()).contiguous();
+  const auto d_ad = d_att[1].to(att_dst.scalar_type()).contiguous();
   return {d_as.view(att_src.sizes()), d_ad.view(att_dst.sizes())};
 }
 

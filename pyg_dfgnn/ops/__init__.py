@@ -191,8 +191,8 @@ def gat_node_attention(graph: CSRGraph, x: Tensor, att_src: Tensor, att_dst: Ten
 
     On eager CUDA calls this is one autograd node: a node-wise logits pass over
     ``x`` (no ``[N, H, C]`` products in memory) and the fused attention, and
-    in backward the fused backward, the logits' share of ``d_x`` added in place
-    and ``d_att`` as one batched GEMM.
+    in backward the fused backward and one pass over ``x`` and ``d_x`` (the
+    logits' share of ``d_x`` added in place, ``d_att`` summed in fp32).
     """
     if isinstance(graph, (CSRGraph, GraphRef)) and graph.num_src != graph.num_dst:
         raise ValueError(

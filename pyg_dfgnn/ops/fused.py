@@ -478,7 +478,7 @@ def _gat_logits_bwd(x: Tensor, att_src: Tensor, att_dst: Tensor, d_src: Tensor, 
                     d_x: Tensor) -> Tuple[Tensor, Tensor]:
     """Adds the logits' share ``d_src att_src + d_dst att_dst`` to ``d_x`` (in
     place) and returns ``(d_att_src, d_att_dst)`` shaped and typed like the
-    attention vectors."""
+    attention vectors (sums in fp32, float64 for float64 ``x``)."""
     if x.is_cuda and x.dtype != torch.float64:
         return tuple(_ext().gat_logits_bwd(x, att_src, att_dst, d_src, d_dst, d_x))
     H, C = x.size(1), att_src.size(-1)
@@ -487,8 +487,8 @@ def _gat_logits_bwd(x: Tensor, att_src: Tensor, att_dst: Tensor, d_src: Tensor, 
     ws, wd = (a.reshape(H, C).to(dt) for a in (att_src, att_dst))
     gs, gd = d_src.to(dt).unsqueeze(-1), d_dst.to(dt).unsqueeze(-1)
     d_x[..., :C] = (d_x[..., :C].to(dt) + gs * ws + gd * wd).to(d_x.dtype)
-    return ((gs * xs).sum(0).to(x.dtype).to(att_src.dtype).view_as(att_src),
-            (gd * xs).sum(0).to(x.dtype).to(att_dst.dtype).view_as(att_dst))
+    return ((gs * xs).sum(0).to(att_src.dtype).view_as(att_src),
+            (gd * xs).sum(0).to(att_dst.dtype).view_as(att_dst))
 
 
 class EagerGATNodeAttention(torch.autograd.Function):
@@ -496,8 +496,9 @@ class EagerGATNodeAttention(torch.autograd.Function):
     attention vectors inside the same autograd node (eager CUDA and CPU
     calls; :func:`pyg_dfgnn.ops.gat_node_attention`): forward = the logits
     op (one pass over ``x``, no ``[N, H, C]`` products) + the fused
-    attention; backward = the fused backward + the logits' backward (their
-    share of ``d_x`` added in place, ``d_att`` as one batched GEMM).  One
+    attention; backward = the fused backward + the logits' backward (one pass
+    over ``x`` and ``d_x``: their share of ``d_x`` added in place, ``d_att``
+    summed in fp32).  One
     Function instead of the layer's four logit ops and their four autograd
     nodes: the host time of a layer call.
 
