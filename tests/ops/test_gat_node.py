@@ -190,12 +190,12 @@ def test_bad_inputs_name_the_argument():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,F,C,offset", [(8, 19, 19, 0), (8, 10, 10, 1), (8, 20, 19, 0),
                                               (4, 64, 64, 1), (2, 3, 2, 0), (1, 256, 256, 0),
-                                              (33, 8, 8, 0)])
+                                              (33, 8, 8, 0), (8, 160, 150, 0), (8, 160, 160, 2)])
 def test_cuda_logits_op(dtype, heads, F, C, offset):
     """The logits op and its backward alone against float64, including rows
-    that are not 16-byte aligned (a view one row into a buffer), attention
-    vectors narrower than the rows and rows wider than one block's tile
-    (33 x 8, 1 x 256 in fp32); the backward adds into ``d_x`` in place, leaves
+    that are not 16-byte aligned (a view at an element offset into a buffer),
+    attention vectors narrower than the rows and rows wider than one block's
+    tile of 256 vectors (8 x 160); the backward adds into ``d_x`` in place, leaves
     the columns past C untouched and sums d_att in fp32."""
     ext = fused._ext()
     n = 300
@@ -203,8 +203,8 @@ def test_cuda_logits_op(dtype, heads, F, C, offset):
 
     def r(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
-    buf = r(n + 1, heads, F).to("cuda", dtype)
-    x = buf[offset:offset + n]
+    buf = r((n + 1) * heads * F).to("cuda", dtype)
+    x = buf[offset:offset + n * heads * F].view(n, heads, F)   # offset: not 16-byte aligned
     a_s, a_d = r(1, heads, C).float().cuda(), r(1, heads, C).float().cuda()
     s, d = ext.gat_logits(x, a_s, a_d)
     xd = x.double()[..., :C]
