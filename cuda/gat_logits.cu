@@ -10,9 +10,9 @@
 // head width has zero columns C..F-1, which the logits skip).  One group of G
 // lanes per (node, head) walks the row's F features in VEC-wide loads and
 // reduces with the lane-group shuffles of the attention kernels; the products
-// and sums are fp32, the attention vectors fp32 whatever x's dtype (under
-// autocast the layer's fp32 parameters are used as they are), and the logits
-// are rounded once to x's dtype, the dtype the attention kernels take them in.
+// and sums are fp32, the attention vectors read in fp32 or x's dtype as they
+// come (under autocast the layer's fp32 parameters), and the logits are
+// rounded once to x's dtype, the dtype the attention kernels take them in.
 // The backward is one more pass over x and d_x, which also sums d_att.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -26,35 +26,78 @@
 namespace dfgnn {
 namespace {
 
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads)
-gat_logits_kernel(const T* __restrict__ x, const float* __restrict__ att_s,
-                  const float* __restrict__ att_d, T* __restrict__ a_s, T* __restrict__ a_d,
-                  int64_t pairs, int64_t H, int64_t F, int64_t C, int G) {
-  const Group g(G);
-  const int64_t pair = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / G;
-  if (pair >= pairs) return;   // (a whole group: G divides kThreads)
-  const int64_t h = pair % H;
-  const T* row = x + pair * F;
-  const float* ws = att_s + h * C;
-  const float* wd = att_d + h * C;
-  float s = 0.f, d = 0.f;
-  for (int64_t c = (int64_t)g.lg * VEC; c < C; c += (int64_t)G * VEC) {
-    float v[VEC];
-    load_vec<T, VEC>(row + c, v);
+template <int VEC>
+__device__ __forceinline__ void load_smem(const float* p, float (&v)[VEC]) {
+  if constexpr (VEC % 4 == 0) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      if (c + k < C) {
-        s = fmaf(v[k], __ldg(ws + c + k), s);
-        d = fmaf(v[k], __ldg(wd + c + k), d);
+    for (int q = 0; q < VEC / 4; ++q) {
+      const float4 f = reinterpret_cast<const float4*>(p)[q];
+      v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
+    }
+  } else if constexpr (VEC == 2) {
+    const float2 f = *reinterpret_cast<const float2*>(p);
+    v[0] = f.x; v[1] = f.y;
+  } else {
+    v[0] = p[0];
+  }
+}
+
+//: attention vectors of at most this many elements per side are staged in
+//: shared memory (fp32, padded to F: 2 x H x F x 4 bytes <= 48 KiB)
+constexpr int64_t kStagedAtt = 6144;
+
+// Forward.  One group of G lanes per (node, head), grid-stride over the
+// pairs; STAGED: both attention vectors in shared memory as fp32 [2][H][F]
+// with zeros past C, read in the lanes' VEC-wide slices.
+template <typename T, int VEC, typename TA, bool STAGED>
+__global__ void __launch_bounds__(kThreads)
+gat_logits_kernel(const T* __restrict__ x, const TA* __restrict__ att_s,
+                  const TA* __restrict__ att_d, T* __restrict__ a_s, T* __restrict__ a_d,
+                  int64_t pairs, int64_t H, int64_t F, int64_t C, int G) {
+  extern __shared__ float w[];
+  if constexpr (STAGED) {
+    for (int64_t i = threadIdx.x; i < 2 * H * F; i += kThreads) {
+      const int64_t hc = i % (H * F), c = hc % F;
+      const TA* a = i < H * F ? att_s : att_d;
+      w[i] = c < C ? to_f(a[(hc / F) * C + c]) : 0.f;
+    }
+    __syncthreads();
+  }
+  const Group g(G);
+  const int64_t step = (int64_t)gridDim.x * (kThreads / G);
+  for (int64_t pair = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / G; pair < pairs;
+       pair += step) {   // (all lanes of a group take the same pairs)
+    const int64_t h = pair % H;
+    const T* row = x + pair * F;
+    float s = 0.f, d = 0.f;
+    for (int64_t c = (int64_t)g.lg * VEC; c < (STAGED ? F : C); c += (int64_t)G * VEC) {
+      float v[VEC];
+      load_vec<T, VEC>(row + c, v);
+      if constexpr (STAGED) {
+        float ws[VEC], wd[VEC];
+        load_smem<VEC>(w + h * F + c, ws);
+        load_smem<VEC>(w + (H + h) * F + c, wd);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          s = fmaf(v[k], ws[k], s);
+          d = fmaf(v[k], wd[k], d);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          if (c + k < C) {
+            s = fmaf(v[k], to_f(att_s[h * C + c + k]), s);
+            d = fmaf(v[k], to_f(att_d[h * C + c + k]), d);
+          }
+        }
       }
     }
-  }
-  s = g.sum(s);
-  d = g.sum(d);
-  if (g.lg == 0) {
-    a_s[pair] = from_f<T>(s);
-    a_d[pair] = from_f<T>(d);
+    s = g.sum(s);
+    d = g.sum(d);
+    if (g.lg == 0) {
+      a_s[pair] = from_f<T>(s);
+      a_d[pair] = from_f<T>(d);
+    }
   }
 }
 
@@ -64,11 +107,11 @@ gat_logits_kernel(const T* __restrict__ x, const float* __restrict__ att_s,
 // a chunk of nodes, rpi = kThreads / nvb rows in flight.  d_x gets the
 // logits' share in place; the d_att sums of the chunk go to part[chunk, side,
 // H * F] (fp32, no atomics: summed over the chunks afterwards).
-template <typename T, int VEC>
+template <typename T, int VEC, typename TA>
 __global__ void __launch_bounds__(kThreads)
 gat_logits_bwd_kernel(T* __restrict__ dx, const T* __restrict__ x, const T* __restrict__ ds,
-                      const T* __restrict__ dd, const float* __restrict__ att_s,
-                      const float* __restrict__ att_d, float* __restrict__ part, int64_t N,
+                      const T* __restrict__ dd, const TA* __restrict__ att_s,
+                      const TA* __restrict__ att_d, float* __restrict__ part, int64_t N,
                       int64_t H, int64_t F, int64_t C, int nvb, int64_t chunk) {
   __shared__ float red[2 * kThreads * 8];
   const int t = threadIdx.x, rpi = kThreads / nvb, r = t / nvb, lv = t % nvb;
@@ -86,8 +129,8 @@ gat_logits_bwd_kernel(T* __restrict__ dx, const T* __restrict__ x, const T* __re
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       if (c0 + k < C) {
-        ws[k] = __ldg(att_s + h * C + c0 + k);
-        wd[k] = __ldg(att_d + h * C + c0 + k);
+        ws[k] = to_f(att_s[h * C + c0 + k]);
+        wd[k] = to_f(att_d[h * C + c0 + k]);
       }
     }
     const bool upd = c0 < C;
@@ -152,15 +195,16 @@ RowMap row_map(const at::Tensor& x, int64_t F, const at::Tensor& y = at::Tensor(
   return {vec, G};
 }
 
-template <typename T, template <typename, int> class Fn, typename... A>
+template <typename T, typename TA, template <typename, int, typename> class Fn,
+          typename... A>
 void by_vec(int vec, A&&... a) {
   switch (vec) {
-    case 8: if constexpr (sizeof(T) == 2) { Fn<T, 8>::run(a...); return; } break;
-    case 4: Fn<T, 4>::run(a...); return;
-    case 2: Fn<T, 2>::run(a...); return;
+    case 8: if constexpr (sizeof(T) == 2) { Fn<T, 8, TA>::run(a...); return; } break;
+    case 4: Fn<T, 4, TA>::run(a...); return;
+    case 2: Fn<T, 2, TA>::run(a...); return;
     default: break;
   }
-  Fn<T, 1>::run(a...);
+  Fn<T, 1, TA>::run(a...);
 }
 
 int sm_count() {   // of the current device, asked of the driver once per device
@@ -174,59 +218,76 @@ int sm_count() {   // of the current device, asked of the driver once per device
   return n;
 }
 
+// the forward's grid: a group per (node, head) up to 8 blocks per SM (grid-stride)
 unsigned blocks_for(int64_t pairs, int G) {
   const int64_t b = (pairs * G + kThreads - 1) / kThreads;
-  TORCH_CHECK(b < (int64_t)INT32_MAX, "pyg_dfgnn: gat_logits: problem too large");
-  return (unsigned)std::max<int64_t>(b, 1);
+  return (unsigned)std::max<int64_t>(std::min<int64_t>(b, 8 * (int64_t)sm_count()), 1);
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, typename TA>
 struct LogitsFwd {
   static void run(const at::Tensor& x, const at::Tensor& as, const at::Tensor& ad,
                   at::Tensor& os, at::Tensor& od, int64_t C, int G) {
-    const int64_t pairs = x.size(0) * x.size(1);
-    gat_logits_kernel<T, VEC><<<blocks_for(pairs, G), kThreads, 0,
-                                c10::cuda::getCurrentCUDAStream()>>>(
-        x.data_ptr<T>(), as.data_ptr<float>(), ad.data_ptr<float>(), os.data_ptr<T>(),
-        od.data_ptr<T>(), pairs, x.size(1), x.size(2), C, G);
+    const int64_t pairs = x.size(0) * x.size(1), H = x.size(1), F = x.size(2);
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    const unsigned blocks = blocks_for(pairs, G);
+    const TA* ps = as.data_ptr<TA>();
+    const TA* pd = ad.data_ptr<TA>();
+    if (H * F <= kStagedAtt) {
+      gat_logits_kernel<T, VEC, TA, true><<<blocks, kThreads, 2 * H * F * sizeof(float),
+                                            stream>>>(
+          x.data_ptr<T>(), ps, pd, os.data_ptr<T>(), od.data_ptr<T>(), pairs, H, F, C, G);
+    } else {
+      gat_logits_kernel<T, VEC, TA, false><<<blocks, kThreads, 0, stream>>>(
+          x.data_ptr<T>(), ps, pd, os.data_ptr<T>(), od.data_ptr<T>(), pairs, H, F, C, G);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };
 
-template <typename T, int VEC>
+template <typename T, int VEC, typename TA>
 struct LogitsBwd {
   static void run(at::Tensor& dx, const at::Tensor& x, const at::Tensor& ds,
                   const at::Tensor& dd, const at::Tensor& as, const at::Tensor& ad,
                   at::Tensor& part, int64_t C, int nvb, int64_t tiles, int64_t chunks,
                   int64_t chunk) {
-    gat_logits_bwd_kernel<T, VEC><<<dim3((unsigned)tiles, (unsigned)chunks), kThreads, 0,
-                                    c10::cuda::getCurrentCUDAStream()>>>(
+    gat_logits_bwd_kernel<T, VEC, TA><<<dim3((unsigned)tiles, (unsigned)chunks), kThreads, 0,
+                                        c10::cuda::getCurrentCUDAStream()>>>(
         dx.data_ptr<T>(), x.data_ptr<T>(), ds.data_ptr<T>(), dd.data_ptr<T>(),
-        as.data_ptr<float>(), ad.data_ptr<float>(), part.data_ptr<float>(), x.size(0),
+        as.data_ptr<TA>(), ad.data_ptr<TA>(), part.data_ptr<float>(), x.size(0),
         x.size(1), x.size(2), C, nvb, chunk);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };
 
-template <template <typename, int> class Fn, typename... A>
-void by_dtype(at::ScalarType dt, int vec, A&&... a) {
+// the kernels for x's dtype, with attention vectors in fp32 or in x's dtype
+template <template <typename, int, typename> class Fn, typename... A>
+void by_dtype(at::ScalarType dt, bool att_f32, int vec, A&&... a) {
   switch (dt) {
-    case at::kFloat: by_vec<float, Fn>(vec, a...); return;
-    case at::kHalf: by_vec<c10::Half, Fn>(vec, a...); return;
-    case at::kBFloat16: by_vec<c10::BFloat16, Fn>(vec, a...); return;
+    case at::kFloat: by_vec<float, float, Fn>(vec, a...); return;
+    case at::kHalf:
+      if (att_f32) by_vec<c10::Half, float, Fn>(vec, a...);
+      else by_vec<c10::Half, c10::Half, Fn>(vec, a...);
+      return;
+    case at::kBFloat16:
+      if (att_f32) by_vec<c10::BFloat16, float, Fn>(vec, a...);
+      else by_vec<c10::BFloat16, c10::BFloat16, Fn>(vec, a...);
+      return;
     default: TORCH_CHECK(false, "pyg_dfgnn: gat_logits: unsupported dtype ", dt);
   }
 }
 
-// att [H, C] (a leading 1 of PyG's [1, H, C] parameter allowed) as fp32 [H, C]
-at::Tensor att_f32(const at::Tensor& att, const at::Tensor& x, const char* name) {
+// att [H, C] (a leading 1 of PyG's [1, H, C] parameter allowed), contiguous, in
+// fp32 or x's dtype (the kernels read both; another dtype is converted to fp32)
+at::Tensor att_arg(const at::Tensor& att, const at::Tensor& x, const char* name) {
   TORCH_CHECK(att.device() == x.device(), "pyg_dfgnn: '", name, "' is on ", att.device(),
               ", expected ", x.device());
   const auto a = att.dim() == 3 && att.size(0) == 1 ? att.select(0, 0) : att;
   TORCH_CHECK(a.dim() == 2 && a.size(0) == x.size(1) && a.size(1) <= x.size(2),
               "pyg_dfgnn: '", name, "' must be [heads, C] with C <= x's ", x.size(2),
               " features per head, got ", att.sizes());
-  return a.to(at::kFloat).contiguous();
+  const auto dt = a.scalar_type();
+  return (dt == at::kFloat || dt == x.scalar_type() ? a : a.to(at::kFloat)).contiguous();
 }
 
 void check_x(const at::Tensor& x) {
@@ -240,13 +301,15 @@ std::tuple<at::Tensor, at::Tensor> gat_logits(const at::Tensor& x, const at::Ten
                                               const at::Tensor& att_dst) {
   check_x(x);
   const c10::cuda::CUDAGuard guard(x.device());
-  const auto as = att_f32(att_src, x, "att_src"), ad = att_f32(att_dst, x, "att_dst");
-  TORCH_CHECK(as.sizes() == ad.sizes(), "pyg_dfgnn: 'att_src' and 'att_dst' must agree");
+  const auto as = att_arg(att_src, x, "att_src"), ad = att_arg(att_dst, x, "att_dst");
+  TORCH_CHECK(as.sizes() == ad.sizes() && as.scalar_type() == ad.scalar_type(),
+              "pyg_dfgnn: 'att_src' and 'att_dst' must agree in shape and dtype");
   auto os = at::empty({x.size(0), x.size(1)}, x.options());
   auto od = at::empty({x.size(0), x.size(1)}, x.options());
   if (x.numel() > 0) {
     const RowMap m = row_map(x, x.size(2));
-    by_dtype<LogitsFwd>(x.scalar_type(), m.vec, x, as, ad, os, od, as.size(1), m.G);
+    by_dtype<LogitsFwd>(x.scalar_type(), as.scalar_type() == at::kFloat, m.vec, x, as, ad, os,
+                        od, as.size(1), m.G);
   } else if (os.numel() > 0) {   // F == 0: empty sums
     os.zero_();
     od.zero_();
@@ -260,7 +323,9 @@ std::tuple<at::Tensor, at::Tensor> gat_logits_bwd(const at::Tensor& x, const at:
                                                   const at::Tensor& d_dst, at::Tensor& d_x) {
   check_x(x);
   const c10::cuda::CUDAGuard guard(x.device());
-  const auto as = att_f32(att_src, x, "att_src"), ad = att_f32(att_dst, x, "att_dst");
+  const auto as = att_arg(att_src, x, "att_src"), ad = att_arg(att_dst, x, "att_dst");
+  TORCH_CHECK(as.sizes() == ad.sizes() && as.scalar_type() == ad.scalar_type(),
+              "pyg_dfgnn: 'att_src' and 'att_dst' must agree in shape and dtype");
   const int64_t N = x.size(0), H = x.size(1), C = as.size(1);
   TORCH_CHECK(d_x.sizes() == x.sizes() && d_x.is_contiguous() &&
                   d_x.scalar_type() == x.scalar_type(),
@@ -286,12 +351,13 @@ std::tuple<at::Tensor, at::Tensor> gat_logits_bwd(const at::Tensor& x, const at:
     const int64_t chunk = (N + chunks - 1) / chunks;
     TORCH_CHECK(tiles < 65536 && chunks < 65536, "pyg_dfgnn: gat_logits_bwd: too large");
     auto part = at::empty({chunks, 2, R}, x.options().dtype(at::kFloat));
-    by_dtype<LogitsBwd>(x.scalar_type(), m.vec, d_x, x, d_src, d_dst, as, ad, part, C, nvb,
-                        tiles, chunks, chunk);
+    by_dtype<LogitsBwd>(x.scalar_type(), as.scalar_type() == at::kFloat, m.vec, d_x, x, d_src,
+                        d_dst, as, ad, part, C, nvb, tiles, chunks, chunk);
     d_att = (chunks > 1 ? part.sum(0) : part[0]).view({2, H, F}).narrow(2, 0, C);
   }
-  const auto d_as = d_att[0].to(att_src.scalar_type()).contiguous();
-  const auto d_ad = d_att[1].to(att_dst.scalar_type()).contiguous();
+  // in the vectors' dtype, both sides in one copy (none for fp32 with C == F)
+  const auto d_both = d_att.to(att_src.scalar_type()).contiguous();
+  const auto d_as = d_both[0], d_ad = d_both[1];
   return {d_as.view(att_src.sizes()), d_ad.view(att_dst.sizes())};
 }
 

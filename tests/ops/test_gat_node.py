@@ -187,11 +187,12 @@ def test_bad_inputs_name_the_argument():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("att_like_x", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,F,C,offset", [(8, 19, 19, 0), (8, 10, 10, 1), (8, 20, 19, 0),
                                               (4, 64, 64, 1), (2, 3, 2, 0), (1, 256, 256, 0),
                                               (33, 8, 8, 0), (8, 160, 150, 0), (8, 160, 160, 2)])
-def test_cuda_logits_op(dtype, heads, F, C, offset):
+def test_cuda_logits_op(dtype, heads, F, C, offset, att_like_x):
     """The logits op and its backward alone against float64, including rows
     that are not 16-byte aligned (a view at an element offset into a buffer),
     attention vectors narrower than the rows and rows wider than one block's
@@ -205,14 +206,16 @@ def test_cuda_logits_op(dtype, heads, F, C, offset):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
     buf = r((n + 1) * heads * F).to("cuda", dtype)
     x = buf[offset:offset + n * heads * F].view(n, heads, F)   # offset: not 16-byte aligned
-    a_s, a_d = r(1, heads, C).float().cuda(), r(1, heads, C).float().cuda()
+    adt = dtype if att_like_x else torch.float32   # (a bf16 model's own parameters)
+    a_s, a_d = r(1, heads, C).to("cuda", adt), r(1, heads, C).to("cuda", adt)
     s, d = ext.gat_logits(x, a_s, a_d)
     xd = x.double()[..., :C]
     rs, rd = (xd * a_s.double()).sum(-1), (xd * a_d.double()).sum(-1)
     u = _unit(dtype)
-    for a, b in ((s, rs), (d, rd)):
+    for a, b, w in ((s, rs, a_s), (d, rd, a_d)):
+        # fp32 sums of C products, then one rounding to x's dtype
         assert a.dtype == dtype
-        bound = (C + 2) * _unit(torch.float32) * (xd.abs() * a_s.double().abs()).sum(-1).max() \
+        bound = (C + 2) * _unit(torch.float32) * (xd.abs() * w.double().abs()).sum(-1) \
             + u * b.abs()
         assert ((a.double() - b).abs() <= bound + 1e-30).all()
     ds, dd = r(n, heads).to("cuda", dtype), r(n, heads).to("cuda", dtype)
@@ -227,7 +230,9 @@ def test_cuda_logits_op(dtype, heads, F, C, offset):
     for got, gl in ((g_s, ds), (g_d, dd)):
         exact = (gl.double().unsqueeze(-1) * xd).sum(0)
         scale = float((gl.double().abs().unsqueeze(-1) * xd.abs()).sum(0).max())
-        assert got.shape == a_s.shape and got.dtype == torch.float32
-        # fp32 sums of n products of the dtype's values: (n + 2) fp32 roundings
-        err = float((got[0].double() - exact).abs().max())
-        assert err <= (n + 2) * _unit(torch.float32) * scale + 1e-30, (err, scale)
+        assert got.shape == a_s.shape and got.dtype == adt
+        # fp32 sums of n products of the dtype's values: (n + 2) fp32 roundings,
+        # then one rounding to the vectors' dtype
+        err = (got[0].double() - exact).abs()
+        bound = (n + 2) * _unit(torch.float32) * scale + _unit(adt) * exact.abs() + 1e-30
+        assert (err <= bound).all(), float((err - bound).max())
