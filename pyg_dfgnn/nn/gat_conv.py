@@ -78,7 +78,10 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
     graph (:func:`pyg_dfgnn.ops.gat_attention`); self-loops are added to that
     cached view instead of to ``edge_index`` on every call, and the bias is
     added in the kernel's epilogue where PyG's result allows it
-    (:func:`_epilogue_bias`).
+    (:func:`_epilogue_bias`).  On eager CUDA calls on one node set the node
+    logits :math:`a^{src}, a^{dst}` are computed by the op as well
+    (:func:`pyg_dfgnn.ops.gat_node_attention`: one pass over the projected
+    features, no ``[N, H, C]`` products, one autograd node).
 
     Falls back to PyG's own message passing (same results, unfused) in
     explain mode, with message-passing hooks, ``decomposed_layers > 1``,
