@@ -31,8 +31,10 @@ template <typename I> inline const I* iptr(const at::Tensor& t) {
   return t.defined() && t.numel() ? t.data_ptr<I>() : nullptr;
 }
 
-inline bool aligned16(const at::Tensor& t) {
-  return !t.defined() || t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+inline bool aligned16(const at::Tensor& t) {   // (and every row, for row-strided inputs)
+  return !t.defined() || t.numel() == 0 ||
+         (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
+          (t.dim() != 3 || (t.stride(0) * (int64_t)t.element_size()) % 16 == 0));
 }
 
 // Lanes per (item, head): enough lanes to cover the features with kMaxChunks
@@ -115,6 +117,11 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
   const at::Tensor& v = kind == GATV2 ? fa.src : fa.val;
   p.H = v.size(1);
   p.F = v.size(2);
+  // row strides of the [N, H, F] inputs (dfgnn_ops.cpp checks their layout)
+  auto ld = [&](const at::Tensor& t) { return t.defined() && t.dim() == 3 ? t.stride(0) : p.H * p.F; };
+  p.ld_dst = ld(fa.dst);
+  p.ld_src = ld(fa.src);
+  p.ld_val = kind == GATV2 ? p.ld_src : ld(fa.val);
   p.scale = (float)fa.scale; p.slope = (float)fa.slope; p.drop_p = (float)fa.drop_p;
   p.seed = (uint64_t)fa.seed;
   return p;

@@ -24,6 +24,23 @@ void check_cuda(const at::Tensor& t, const char* name, const at::Device& dev) {
   TORCH_CHECK(t.is_contiguous(), "pyg_dfgnn: '", name, "' must be contiguous");
 }
 
+// Dot attention's [N, H, F] inputs q / k / v may be row-strided: each row's
+// H x F features contiguous, rows further apart (column blocks of one projection
+// GEMM's output: a Transformer layer's q | k | v | skip); the kernels take the
+// row stride (feat_off).
+bool row_strided(const at::Tensor& t) {
+  return t.dim() == 3 && (t.size(2) <= 1 || t.stride(2) == 1) &&
+         (t.size(1) <= 1 || t.stride(1) == t.size(2)) && t.stride(0) >= t.size(1) * t.size(2);
+}
+
+void check_rows(const at::Tensor& t, const char* name, const at::Device& dev) {
+  if (!t.defined()) return;
+  TORCH_CHECK(t.device() == dev, "pyg_dfgnn: '", name, "' is on ", t.device(), ", expected ",
+              dev);
+  TORCH_CHECK(t.is_contiguous() || row_strided(t), "pyg_dfgnn: '", name,
+              "' must be contiguous or row-strided (each row's features contiguous)");
+}
+
 void check_index(const at::Tensor& t, const char* name, at::ScalarType it) {
   if (!t.defined()) return;
   TORCH_CHECK(t.scalar_type() == it, "pyg_dfgnn: index '", name, "' has dtype ",
@@ -63,7 +80,11 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
   for (auto* t : {&f.dst, &f.src, &f.val, &f.edge, &f.att}) {
     if (!t->defined()) continue;
     TORCH_CHECK(t->scalar_type() == dt, "pyg_dfgnn: all features must share one dtype");
-    check_cuda(*t, "features", src.device());
+    // (dot attention's q / k / v may be row-strided: feat_off in the kernels)
+    if (kind == 2 && (t == &f.dst || t == &f.src || t == &f.val))
+      check_rows(*t, "features", src.device());
+    else
+      check_cuda(*t, "features", src.device());
   }
   return f;
 }
@@ -91,7 +112,11 @@ int64_t padded_width(int64_t F, at::ScalarType dt) {
 at::Tensor fit(const at::Tensor& t, int64_t fp) {
   if (!t.defined()) return t;
   if (t.size(-1) != fp) return at::constant_pad_nd(t, {0, fp - t.size(-1)});
-  if (t.numel() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return t.clone();
+  const bool rows_ok = t.dim() != 3 || (t.stride(0) * (int64_t)t.element_size()) % 16 == 0;
+  if (t.numel() && (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0 || !rows_ok)) {
+    auto c = t.contiguous();   // (a new, aligned buffer unless t was contiguous already)
+    return c.data_ptr() == t.data_ptr() ? t.clone() : c;
+  }
   return t;
 }
 
@@ -193,9 +218,10 @@ std::vector<at::Tensor> attention_bwd(
   BwdOut o;
   // absent gradients are distinct empty tensors (custom-op outputs must not alias)
   auto empty = [&] { return at::empty({0}, src.options()); };
-  o.d_dst = at::empty_like(f.dst);
-  o.d_src = at::empty_like(f.src);
-  o.d_val = (kind != 1 && f.val.defined()) ? at::empty_like(f.val) : empty();
+  // (contiguous, whatever the inputs' row strides)
+  o.d_dst = at::empty(f.dst.sizes(), f.dst.options());
+  o.d_src = at::empty(f.src.sizes(), f.src.options());
+  o.d_val = (kind != 1 && f.val.defined()) ? at::empty(f.val.sizes(), f.val.options()) : empty();
   o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty();
   o.d_att = f.att.defined() ? at::empty_like(f.att) : empty();
   if (kind == 0) {

@@ -143,3 +143,90 @@ def _plain_forwards():
 
 
 _PLAIN_FORWARDS = _plain_forwards()
+
+
+# --------------------------------------------------------------------------- #
+# several projections of one input as one GEMM
+# --------------------------------------------------------------------------- #
+
+def _pad_heads(t: Tensor, heads: int, chans: int, width: int) -> Tensor:
+    """Rows of a ``[heads * chans, ...]`` weight / bias padded with zeros to
+    ``width`` per head (:mod:`._padded`)."""
+    if width == chans:
+        return t
+    v = t.reshape(heads, chans, -1)
+    return F.pad(v, (0, 0, 0, width - chans)).reshape(heads * width, *t.shape[1:])
+
+
+class _Projections(torch.autograd.Function):
+    """``[x W_i^T + b_i]`` for ``n`` linear maps of one ``x`` (``[heads * chans,
+    in]`` weights, rows padded to ``width`` per head) as one GEMM and one
+    autograd node: the outputs are column blocks of ``[N, n * heads * width]``
+    (row-strided ``[N, heads, width]`` views), the backward concatenates their
+    gradients once and runs one GEMM each for ``d_x`` and ``d_W`` and one column
+    sum for ``d_b`` (a GEMV where :func:`_use` says so).  Replaces ``n`` linear layers' forward ops and their
+    ``n`` ``AddmmBackward`` / ``TBackward`` nodes plus the ``n - 1`` additions
+    of the ``d_x`` branches (the host time of an attention layer call)."""
+
+    @staticmethod
+    def forward(ctx, meta, x, *params):
+        heads, chans, width, dtype = meta
+        ws, bs = params[0::2], params[1::2]
+        ctx.dtypes = (x.dtype, [w.dtype for w in ws], [b.dtype for b in bs])
+        ctx.meta, ctx.n = meta, len(ws)
+        w = torch.cat([_pad_heads(t, heads, chans, width) for t in ws])
+        b = torch.cat([_pad_heads(t, heads, chans, width) for t in bs])
+        if dtype is not None:   # autocast: compute in its dtype, as F.linear would
+            x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+        ctx.save_for_backward(x, w)
+        ctx.gemv = _use(x, x.size(0), w.size(0))   # (grad mode is on here, not in backward)
+        y = torch.addmm(b, x, w.t())
+        return tuple(t.view(-1, heads, width) for t in y.split(heads * width, dim=1))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, w = ctx.saved_tensors
+        heads, chans, width, _ = ctx.meta
+        x_dt, w_dts, b_dts = ctx.dtypes
+        n = x.size(0)
+        g = torch.cat([(gi if gi is not None else x.new_zeros(n, heads, width))
+                       .reshape(n, heads * width).to(x.dtype) for gi in grads], dim=1)
+        dx = (g @ w).to(x_dt) if ctx.needs_input_grad[1] else None
+        dw = (g.t() @ x) if any(ctx.needs_input_grad[2::2]) else None
+        db = (_column_sum(g) if ctx.gemv else g.sum(0)) \
+            if any(ctx.needs_input_grad[3::2]) else None
+        out = []
+        for i in range(ctx.n):
+            blk = slice(i * heads * width, (i + 1) * heads * width)
+            for d, dts in ((dw, w_dts), (db, b_dts)):
+                if d is None:
+                    out.append(None)
+                    continue
+                t = d[blk]
+                if width != chans:
+                    t = t.reshape(heads, width, -1)[:, :chans].reshape(heads * chans,
+                                                                          *t.shape[1:])
+                out.append(t.to(dts[i]))
+        return (None, dx, *out)
+
+
+def fused_projections(lins, x: Tensor, heads: int, chans: int, width: int):
+    """``[lin(x).view(-1, heads, chans)]`` for the plain linear maps ``lins``
+    (weights ``[heads * chans, in]`` with biases, no hooks) of one ``x``, in
+    the kernels' padded head ``width``, as column blocks of one GEMM's output
+    (:class:`_Projections`; row-strided ``[N, heads, width]`` views, which the
+    CUDA dot-attention kernels read as they are).  ``None`` where a map is not
+    plain (the caller projects one by one)."""
+    params = []
+    for lin in lins:
+        w, b = getattr(lin, "weight", None), getattr(lin, "bias", None)
+        if (not isinstance(w, Tensor) or not isinstance(b, Tensor)
+                or isinstance(w, torch.nn.parameter.UninitializedParameter)
+                or w.dim() != 2 or w.size(0) != heads * chans
+                or type(lin).forward not in _PLAIN_FORWARDS
+                or lin._forward_hooks or lin._forward_pre_hooks):
+            return None
+        params += [w, b]
+    if _global_hooks():
+        return None
+    return _Projections.apply((heads, chans, width, _autocast_dtype(x)), x, *params)

@@ -13,8 +13,15 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 from ..ops import dot_attention
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
-from ._glue import apply_linear
+from ._glue import apply_linear, fused_projections
 from ._padded import kernel_width, padded_linear, unpad
+
+
+#: devices whose eager calls project q, k and v with one GEMM
+#: (:func:`._glue.fused_projections`): CUDA, where the dot-attention kernels read
+#: the GEMM's column blocks row-strided; on the CPU the kernels take contiguous
+#: rows, so the blocks would be copied.
+_FUSED_PROJECTION_DEVICES = ("cuda",)
 
 
 class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
@@ -86,11 +93,21 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         lin_edge = self.lin_edge
         if lin_edge is None and implied_edge_attr(edge_index, edge_attr) is not None:
             return None
-        q = padded_linear(self.lin_query, xs[1], H, C, width)
-        k = padded_linear(self.lin_key, xs[0], H, C, width)
-        v = padded_linear(self.lin_value, xs[0], H, C, width)
-        if q is None or k is None or v is None:
-            return None
+        qkv = None
+        if (xs[0] is xs[1] and xs[0].device.type in _FUSED_PROJECTION_DEVICES
+                and not torch.compiler.is_compiling()):
+            # one GEMM and one autograd node for the three projections; q / k / v
+            # are its column blocks, which the CUDA kernels read row-strided
+            qkv = fused_projections((self.lin_query, self.lin_key, self.lin_value), xs[0], H, C,
+                                    width)
+        if qkv is not None:
+            q, k, v = qkv
+        else:
+            q = padded_linear(self.lin_query, xs[1], H, C, width)
+            k = padded_linear(self.lin_key, xs[0], H, C, width)
+            v = padded_linear(self.lin_value, xs[0], H, C, width)
+            if q is None or k is None or v is None:
+                return None
         adj = resolve_adjacency(edge_index, None, k.size(0), q.size(0),
                                 edge_attr=edge_attr, use_edge_attr=lin_edge is not None)
         edge: Optional[Tensor] = None

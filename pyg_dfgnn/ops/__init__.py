@@ -122,6 +122,23 @@ def _seed(dropout: float, device) -> Optional[Tensor]:
     return torch.randint(0, 2**62, (1,), dtype=torch.long)
 
 
+def _dense(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
+
+
+def _rows(t: Optional[Tensor]) -> Optional[Tensor]:
+    """``t`` itself where its rows are row-strided ``[N, H, F]`` blocks (each
+    row's features contiguous, what the CUDA dot-attention kernels read with a
+    row stride), else ``t.contiguous()``."""
+    if t is None or t.is_contiguous():
+        return t
+    if (t.dim() == 3 and (t.size(2) <= 1 or t.stride(2) == 1)
+            and (t.size(1) <= 1 or t.stride(1) == t.size(2))
+            and t.stride(0) >= t.size(1) * t.size(2)):
+        return t
+    return t.contiguous()
+
+
 def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
          value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor], scale: float,
          negative_slope: float, dropout: float, return_alpha: bool
@@ -135,10 +152,12 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
                       for t in (dst_feat, src_feat, value, edge, att))
         return fused.graph_attention(kind, graph, *feats, *floats, seed), None
     plan = fused.plan_of(graph, kind, src_feat, value)
+    # the CUDA kernels take dot attention's q / k / v row-strided (column blocks
+    # of one projection GEMM: nn/_glue.py, fused_projections)
+    rows = _rows if (kind == DOT and graph.device.type == "cuda") else _dense
     out, _lse, alpha = fused.attention_on(
-        kind, graph, plan, dst_feat.contiguous(), src_feat.contiguous(),
-        None if value is None else value.contiguous(), None if edge is None else edge.contiguous(),
-        None if att is None else att.contiguous(), *floats, seed, bool(return_alpha))
+        kind, graph, plan, rows(dst_feat), rows(src_feat), rows(value), _dense(edge), _dense(att),
+        *floats, seed, bool(return_alpha))
     return out, (alpha if return_alpha else None)
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import torch_geometric.nn as pygnn
 
 import pyg_dfgnn.nn as dnn
-from pyg_dfgnn.nn import _glue, _padded, gat_conv
+from pyg_dfgnn.nn import _glue, _padded, gat_conv, transformer_conv
 
 from ._equiv import assert_same_grads, check_bf16_against_float64
 
@@ -114,8 +114,15 @@ def _compare(cls, kw, device, dtype, tol):
     return ours
 
 
-def _expected_gemvs(ours):
-    return sum(1 for n, p in ours.named_parameters() if n.endswith("bias") and p.dim() == 1)
+def _expected_gemvs(ours, device):
+    """One column sum per bias, except that a Transformer layer projecting q, k
+    and v with one GEMM (``_glue.fused_projections``) sums their three biases'
+    gradients as one column sum."""
+    n = sum(1 for name, p in ours.named_parameters() if name.endswith("bias") and p.dim() == 1)
+    if isinstance(ours, dnn.TransformerConv) and \
+            device in transformer_conv._FUSED_PROJECTION_DEVICES:
+        n -= 2
+    return n
 
 
 @pytest.mark.parametrize("cls,kw", CASES)
@@ -123,7 +130,7 @@ def test_layers_on_the_gemv_path_match_pyg_in_float64(cls, kw, gemv_calls, monke
     monkeypatch.setattr(_glue, "_use", lambda x, rows, width: True)
     ours = _compare(cls, kw, "cpu", torch.float64, dict(rtol=1e-10, atol=1e-12))
     # every bias of the layer (projections and the output bias) took the GEMV
-    assert len(gemv_calls) == _expected_gemvs(ours), gemv_calls
+    assert len(gemv_calls) == _expected_gemvs(ours, "cpu"), gemv_calls
 
 
 def test_small_cpu_calls_keep_plain_autograd(gemv_calls):
@@ -141,7 +148,7 @@ def test_layers_on_the_gemv_path_match_pyg_on_cuda(cls, kw, gemv_calls, monkeypa
     layer equivalence suite, tests/nn/_equiv.py)."""
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     ours = _compare(cls, kw, "cuda", torch.float32, dict(rtol=1e-5, atol=1e-5))
-    assert len(gemv_calls) == _expected_gemvs(ours), gemv_calls
+    assert len(gemv_calls) == _expected_gemvs(ours, "cuda"), gemv_calls
 
 
 # GAT at 2 heads: with 8 (4) heads the small graph's 448 (224) logits left no
@@ -164,4 +171,68 @@ def test_layers_on_the_gemv_path_in_bf16_against_float64(cls, kw, gemv_calls, mo
     ours16 = check_bf16_against_float64(getattr(pygnn, cls), getattr(dnn, cls),
                                         dict(in_channels=16, **kw), device="cuda",
                                         away_from_kink=cls == "GATConv")
-    assert len(gemv_calls) == _expected_gemvs(ours16), gemv_calls
+    assert len(gemv_calls) == _expected_gemvs(ours16, "cuda"), gemv_calls
+
+
+@pytest.mark.parametrize("width", [5, 8])
+@pytest.mark.parametrize("n_maps", [1, 3])
+def test_fused_projections_gradcheck(width, n_maps):
+    """Several linear maps of one input as one GEMM (``fused_projections``),
+    padded per head to ``width`` or not: outputs equal the separate maps (zero
+    padding columns), gradients pass gradcheck in float64."""
+    heads, chans, n, fin = 2, 5, 7, 4
+    torch.manual_seed(0)
+    lins = [torch.nn.Linear(fin, heads * chans).double() for _ in range(n_maps)]
+    x = torch.randn(n, fin, dtype=torch.float64, requires_grad=True)
+    outs = _glue.fused_projections(lins, x, heads, chans, width)
+    assert len(outs) == n_maps
+    for o, lin in zip(outs, lins):
+        assert o.shape == (n, heads, width)
+        torch.testing.assert_close(o[..., :chans], lin(x).view(n, heads, chans))
+        assert (o[..., chans:] == 0).all()
+    params = [p for lin in lins for p in (lin.weight, lin.bias)]
+
+    def f(x, *ps):
+        return tuple(o[..., :chans] for o in
+                     _glue._Projections.apply((heads, chans, width, None), x, *ps))
+    assert torch.autograd.gradcheck(f, (x, *[p.detach().requires_grad_(True) for p in params]))
+
+
+def test_fused_projections_refuse_maps_they_cannot_fuse():
+    lin = torch.nn.Linear(4, 10)
+    x = torch.randn(3, 4)
+    assert _glue.fused_projections([lin, torch.nn.Linear(4, 10, bias=False)], x, 2, 5, 5) is None
+    assert _glue.fused_projections([lin, torch.nn.Linear(4, 12)], x, 2, 5, 5) is None
+    hooked = torch.nn.Linear(4, 10)
+    hooked.register_forward_hook(lambda *a: None)
+    assert _glue.fused_projections([lin, hooked], x, 2, 5, 5) is None
+
+
+@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=2, out_channels=16,
+                                concat=False, beta=True), dict(heads=3, out_channels=4,
+                                edge_dim=3), dict(heads=2, out_channels=4, root_weight=False),
+                                dict(heads=2, out_channels=4, bias=False)])
+def test_transformer_fused_projections_match_pyg(kw, monkeypatch):
+    """The Transformer layer's q / k / v as one GEMM (the default on CUDA,
+    forced on the CPU here) equals PyG's layer, forward and backward in
+    float64; a pair of inputs keeps the separate projections."""
+    from pyg_dfgnn.nn import transformer_conv as tc
+    from ._equiv import check_equivalence, feats, random_edge_index
+    monkeypatch.setattr(tc, "_FUSED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    calls = []
+    fused = tc.fused_projections
+
+    def recorded(*args):
+        calls.append(fused(*args))
+        return calls[-1]
+    monkeypatch.setattr(tc, "fused_projections", recorded)
+    n, e = 12, 40
+    ei = random_edge_index(n, n, e)
+    call = dict(edge_attr=torch.randn(e, 3, dtype=torch.float64)) if "edge_dim" in kw else None
+    check_equivalence(pygnn.TransformerConv, dnn.TransformerConv, dict(in_channels=6, **kw),
+                      (feats(n, 6, "cpu"), ei), call)
+    assert calls and all(r is not None for r in calls)
+    calls.clear()
+    check_equivalence(pygnn.TransformerConv, dnn.TransformerConv, dict(in_channels=6, **kw),
+                      ((feats(n, 6, "cpu"), feats(n, 6, "cpu", seed=1)), ei), call)
+    assert not calls
