@@ -41,5 +41,18 @@ for dtype in (torch.float32, torch.bfloat16):
             v.requires_grad_(True)
         out, _ = ops.gat_node_attention(g, x, a_s, a_d, None, 0.2, 0.3, False, b)
         torch.autograd.grad(out, (x, a_s, a_d, b), torch.randn_like(out))
+# dot attention on row-strided q / k / v (column blocks of one tensor, as the
+# Transformer layer's fused projection GEMM hands them over)
+for dtype in (torch.float32, torch.bfloat16):
+    for heads, feat in ((8, 12), (2, 64), (8, 10)):
+        ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
+        g = get_graph(ei, (60, 60))
+        y = torch.randn(60, 3 * heads * feat + 8, device="cuda", dtype=dtype, requires_grad=True)
+        q, k, v = (y[:, i * heads * feat:(i + 1) * heads * feat].view(60, heads, feat)
+                   for i in range(3))
+        for split in (None, 64):
+            with schedule.override(split=split):
+                out, _ = ops.dot_attention(g, q, k, v, None, None, 0.3)
+                torch.autograd.grad(out, (y,), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitizer smoke: all kernel paths ran")

@@ -171,16 +171,18 @@ class _Projections(torch.autograd.Function):
     @staticmethod
     def forward(ctx, meta, x, *params):
         heads, chans, width, dtype = meta
-        ws, bs = params[0::2], params[1::2]
-        ctx.dtypes = (x.dtype, [w.dtype for w in ws], [b.dtype for b in bs])
+        ws, bs = params[0::2], params[1::2]   # (biases: all tensors, or all None)
+        ctx.dtypes = (x.dtype, [w.dtype for w in ws], [None if b is None else b.dtype for b in bs])
         ctx.meta, ctx.n = meta, len(ws)
         w = torch.cat([_pad_heads(t, heads, chans, width) for t in ws])
-        b = torch.cat([_pad_heads(t, heads, chans, width) for t in bs])
+        b = None if bs[0] is None else torch.cat([_pad_heads(t, heads, chans, width)
+                                                  for t in bs])
         if dtype is not None:   # autocast: compute in its dtype, as F.linear would
-            x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+            x, w = x.to(dtype), w.to(dtype)
+            b = None if b is None else b.to(dtype)
         ctx.save_for_backward(x, w)
         ctx.gemv = _use(x, x.size(0), w.size(0))   # (grad mode is on here, not in backward)
-        y = torch.addmm(b, x, w.t())
+        y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
         return tuple(t.view(-1, heads, width) for t in y.split(heads * width, dim=1))
 
     @staticmethod
@@ -194,7 +196,7 @@ class _Projections(torch.autograd.Function):
         dx = (g @ w).to(x_dt) if ctx.needs_input_grad[1] else None
         dw = (g.t() @ x) if any(ctx.needs_input_grad[2::2]) else None
         db = (_column_sum(g) if ctx.gemv else g.sum(0)) \
-            if any(ctx.needs_input_grad[3::2]) else None
+            if any(ctx.needs_input_grad[3::2]) and b_dts[0] is not None else None
         out = []
         for i in range(ctx.n):
             blk = slice(i * heads * width, (i + 1) * heads * width)
@@ -212,7 +214,7 @@ class _Projections(torch.autograd.Function):
 
 def fused_projections(lins, x: Tensor, heads: int, chans: int, width: int):
     """``[lin(x).view(-1, heads, chans)]`` for the plain linear maps ``lins``
-    (weights ``[heads * chans, in]`` with biases, no hooks) of one ``x``, in
+    (weights ``[heads * chans, in]``, biases on all or none, no hooks) of one ``x``, in
     the kernels' padded head ``width``, as column blocks of one GEMM's output
     (:class:`_Projections`; row-strided ``[N, heads, width]`` views, which the
     CUDA dot-attention kernels read as they are).  ``None`` where a map is not
@@ -220,7 +222,8 @@ def fused_projections(lins, x: Tensor, heads: int, chans: int, width: int):
     params = []
     for lin in lins:
         w, b = getattr(lin, "weight", None), getattr(lin, "bias", None)
-        if (not isinstance(w, Tensor) or not isinstance(b, Tensor)
+        if (not isinstance(w, Tensor) or not isinstance(b, (Tensor, type(None)))
+                or (b is None) != (getattr(lins[0], "bias", None) is None)
                 or isinstance(w, torch.nn.parameter.UninitializedParameter)
                 or w.dim() != 2 or w.size(0) != heads * chans
                 or type(lin).forward not in _PLAIN_FORWARDS

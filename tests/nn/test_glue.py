@@ -202,6 +202,8 @@ def test_fused_projections_refuse_maps_they_cannot_fuse():
     lin = torch.nn.Linear(4, 10)
     x = torch.randn(3, 4)
     assert _glue.fused_projections([lin, torch.nn.Linear(4, 10, bias=False)], x, 2, 5, 5) is None
+    assert _glue.fused_projections([torch.nn.Linear(4, 10, bias=False)] * 2, x, 2, 5, 5) \
+        is not None
     assert _glue.fused_projections([lin, torch.nn.Linear(4, 12)], x, 2, 5, 5) is None
     hooked = torch.nn.Linear(4, 10)
     hooked.register_forward_hook(lambda *a: None)
