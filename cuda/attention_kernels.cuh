@@ -641,9 +641,8 @@ __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, 
     float part = dot_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], t < b.n, dO, b.v[t]);
     if (ft.wide && t < b.n) {
       const T* e = (KIND == DOT && p.edge) ? p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F : nullptr;
-      part += pair_part<false, T, VEC>(g, dO_row,
-                                       p.val + feat_off<KIND>((int64_t)b.j[t], p.ld_val, p.H, h, p.F),
-                                       e, nullptr,
+      const T* v_row = p.val + feat_off<KIND>((int64_t)b.j[t], p.ld_val, p.H, h, p.F);
+      part += pair_part<false, T, VEC>(g, dO_row, v_row, e, nullptr,
                                        p.F, ft.f0, ft.hi, 0.f);
     }
     b.dP[t] = part;

@@ -164,9 +164,10 @@ class _Projections(torch.autograd.Function):
     autograd node: the outputs are column blocks of ``[N, n * heads * width]``
     (row-strided ``[N, heads, width]`` views), the backward concatenates their
     gradients once and runs one GEMM each for ``d_x`` and ``d_W`` and one column
-    sum for ``d_b`` (a GEMV where :func:`_use` says so).  Replaces ``n`` linear layers' forward ops and their
-    ``n`` ``AddmmBackward`` / ``TBackward`` nodes plus the ``n - 1`` additions
-    of the ``d_x`` branches (the host time of an attention layer call)."""
+    sum for ``d_b`` (a GEMV where :func:`_use` says so).  Replaces ``n`` linear
+    layers' forward ops and their ``n`` ``AddmmBackward`` / ``TBackward`` nodes
+    plus the ``n - 1`` additions of the ``d_x`` branches (the host time of an
+    attention layer call)."""
 
     @staticmethod
     def forward(ctx, meta, x, *params):

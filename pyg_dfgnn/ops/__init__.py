@@ -22,7 +22,8 @@ from . import fused, reference
 from .fused import BACKWARD_MODES, backward_mode, set_backward_mode
 from .reference import DOT, GAT, GATV2
 
-__all__ = ["gat_attention", "gat_node_attention", "gatv2_attention", "dot_attention", "agnn_attention",
+__all__ = ["gat_attention", "gat_node_attention", "gatv2_attention", "dot_attention",
+           "agnn_attention",
            "GAT", "GATV2", "DOT", "reference", "fused", "SUPPORTED_DTYPES",
            "set_backward_mode", "backward_mode", "BACKWARD_MODES"]
 
