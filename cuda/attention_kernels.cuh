@@ -198,17 +198,6 @@ struct Group {
   }
 };
 
-// Offset of (row, head) in an [N, H, F] feature input with row stride ld.  Only
-// dot attention's q / k / v may be row-strided (column blocks of one projection
-// GEMM's output: nn/transformer_conv.py); the other kinds' rows are contiguous
-// and keep their plain index arithmetic.
-template <int KIND>
-__device__ __forceinline__ int64_t feat_off(int64_t row, int64_t ld, int64_t H, int64_t h,
-                                            int64_t F) {
-  if constexpr (KIND == DOT) return row * ld + h * F;
-  else return (row * H + h) * F;
-}
-
 // --------------------------------------------------------------- parameters
 template <typename T, typename I>
 struct Params {
@@ -221,10 +210,6 @@ struct Params {
   const T* dst; const T* src; const T* val; const T* edge; const T* att;
   const T* bias;       // GAT: output bias [H, F] added in the epilogue (the op's att), or null
   int64_t H, F;        // heads, features of the value (and of q/k for vector scores)
-  // row strides (elements) of dot attention's q / k / v ([N, H, F] inputs dst /
-  // src / val): H * F, or more for column blocks of one projection GEMM's output
-  // (each head's F features contiguous, rows 16-byte aligned); see feat_off
-  int64_t ld_dst, ld_src, ld_val;
   int G;               // lanes per (item, head)
   int64_t tile;        // features per tile handled by one launch column
   float scale, slope, drop_p;
@@ -239,6 +224,11 @@ struct Params {
   float* delta;                        // Delta_i the row pass used [N, H], recompute mode
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
   float *part1, *part2;                // partial sums of split items
+  // row strides (elements) of dot attention's q / k / v (dst / src / val): H * F,
+  // or more for column blocks of one projection GEMM's output (each head's F
+  // features contiguous, rows 16-byte aligned: nn/_glue.py, fused_projections).
+  // The other kinds' rows are contiguous; their code does not read these.
+  int64_t ld_dst, ld_src, ld_val;
 };
 
 template <typename I>
@@ -506,7 +496,8 @@ __device__ __forceinline__ void load_row_ops(const Params<T, I>& p, const Feat<V
   if constexpr (KIND == GAT) {
     r.a_dst = to_f(p.dst[row * p.H + h]);
   } else {
-    load_tile<T, VEC>(ft, p.dst + feat_off<KIND>(row, p.ld_dst, p.H, h, p.F), r.xi);
+    if constexpr (KIND == DOT) load_tile<T, VEC>(ft, p.dst + row * p.ld_dst + h * p.F, r.xi);
+    else load_tile<T, VEC>(ft, p.dst + (row * p.H + h) * p.F, r.xi);
     if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * p.F, r.at);
   }
 }
@@ -572,13 +563,16 @@ __device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC
 #pragma unroll
   for (int t = 0; t < B; ++t) {
     const bool ok = t < b.n;
-    const int64_t j = (int64_t)b.j[t];
-    if (ok && (VALUES || KIND == GATV2))
-      load_packed<T, VEC>(ft, p.val + feat_off<KIND>(j, p.ld_val, p.H, h, p.F), b.v[t]);
-    else zero_packed<T, VEC>(b.v[t]);
-    if constexpr (KIND == DOT) {
-      if (ok) load_packed<T, VEC>(ft, p.src + feat_off<KIND>(j, p.ld_src, p.H, h, p.F), b.k[t]);
+    if constexpr (KIND == DOT) {   // (row-strided q / k / v)
+      const int64_t j = (int64_t)b.j[t];
+      if (ok && VALUES) load_packed<T, VEC>(ft, p.val + j * p.ld_val + h * p.F, b.v[t]);
+      else zero_packed<T, VEC>(b.v[t]);
+      if (ok) load_packed<T, VEC>(ft, p.src + j * p.ld_src + h * p.F, b.k[t]);
       else zero_packed<T, VEC>(b.k[t]);
+    } else {
+      const int64_t off = ((int64_t)b.j[t] * p.H + h) * p.F;
+      if (ok && (VALUES || KIND == GATV2)) load_packed<T, VEC>(ft, p.val + off, b.v[t]);
+      else zero_packed<T, VEC>(b.v[t]);
     }
   }
 }
@@ -614,11 +608,15 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
     if (KIND != GAT && ft.wide && t < b.n) {
       const int64_t F = p.F;
       const T* e = p.edge ? p.edge + ((int64_t)b.eo[t] * p.H + h) * F : nullptr;
-      part[t] += pair_part<KIND == GATV2, T, VEC>(
-          g, p.dst + feat_off<KIND>(row, p.ld_dst, p.H, h, F),
-          p.src + feat_off<KIND>((int64_t)b.j[t], p.ld_src, p.H, h, F), e,
-                                                  KIND == GATV2 ? p.att + h * F : nullptr, F,
-                                                  ft.f0, ft.hi, p.slope);
+      if constexpr (KIND == DOT)
+        part[t] += pair_part<false, T, VEC>(g, p.dst + row * p.ld_dst + h * F,
+                                            p.src + (int64_t)b.j[t] * p.ld_src + h * F, e,
+                                            nullptr, F, ft.f0, ft.hi, p.slope);
+      else
+        part[t] += pair_part<KIND == GATV2, T, VEC>(g, p.dst + (row * p.H + h) * F,
+                                                    p.src + ((int64_t)b.j[t] * p.H + h) * F, e,
+                                                    KIND == GATV2 ? p.att + h * F : nullptr, F,
+                                                    ft.f0, ft.hi, p.slope);
     }
   }
 #pragma unroll
@@ -641,9 +639,12 @@ __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, 
     float part = dot_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], t < b.n, dO, b.v[t]);
     if (ft.wide && t < b.n) {
       const T* e = (KIND == DOT && p.edge) ? p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F : nullptr;
-      const T* v_row = p.val + feat_off<KIND>((int64_t)b.j[t], p.ld_val, p.H, h, p.F);
-      part += pair_part<false, T, VEC>(g, dO_row, v_row, e, nullptr,
-                                       p.F, ft.f0, ft.hi, 0.f);
+      if constexpr (KIND == DOT)
+        part += pair_part<false, T, VEC>(g, dO_row, p.val + (int64_t)b.j[t] * p.ld_val + h * p.F,
+                                         e, nullptr, p.F, ft.f0, ft.hi, 0.f);
+      else
+        part += pair_part<false, T, VEC>(g, dO_row, p.val + ((int64_t)b.j[t] * p.H + h) * p.F, e, nullptr,
+                                         p.F, ft.f0, ft.hi, 0.f);
     }
     b.dP[t] = part;
   }
@@ -1077,8 +1078,9 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
   if (!get_item(p, p.t_rowptr, it)) return;
   const int64_t h = it.h, src = it.row, slot = it.slot, F = p.F, H = p.H;
   const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, F);
-  const T* v_row = p.val + feat_off<KIND>(src, p.ld_val, H, h, F);  // v_j, x_j (GAT), x_src_j
-  const T* k_row = p.src + feat_off<KIND>(src, p.ld_src, H, h, F);  // k_j (DOT), x_src_j
+  // v_j (DOT), x_j (GAT), x_src_j (GATV2); k_j (DOT), x_src_j (GATV2)
+  const T* v_row = KIND == DOT ? p.val + src * p.ld_val + h * F : p.val + (src * H + h) * F;
+  const T* k_row = KIND == DOT ? p.src + src * p.ld_src + h * F : p.src + (src * H + h) * F;
 
   float vj[NC][VEC], kj[KIND == DOT ? NC : 1][VEC], at[KIND == GATV2 ? NC : 1][VEC];
   // the own row's operands: what the recomputed scores / dP need, and GATv2's
@@ -1137,8 +1139,13 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
       if (ok) load_packed<T, VEC>(ft, p.dout + off, o[t]);
       else zero_packed<T, VEC>(o[t]);
       if constexpr (KIND != GAT) {
-        if (ok) load_packed<T, VEC>(ft, p.dst + feat_off<KIND>(i[t], p.ld_dst, H, h, F), x[t]);
-        else zero_packed<T, VEC>(x[t]);
+        if constexpr (KIND == DOT) {
+          if (ok) load_packed<T, VEC>(ft, p.dst + (int64_t)i[t] * p.ld_dst + h * F, x[t]);
+          else zero_packed<T, VEC>(x[t]);
+        } else {
+          if (ok) load_packed<T, VEC>(ft, p.dst + off, x[t]);
+          else zero_packed<T, VEC>(x[t]);
+        }
       }
     }
     // lane partials of the score (vector kinds) and of dP = <dO_i, v_j (+ e_ij, dot)>,
@@ -1178,7 +1185,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
         const T* e = p.edge && KIND != GAT ? p.edge + ((int64_t)eo[t] * H + h) * F : nullptr;
         if constexpr (KIND != GAT)
           sp[t] += pair_part<KIND == GATV2, T, VEC>(
-              g, p.dst + feat_off<KIND>(i[t], p.ld_dst, H, h, F), k_row, e,
+              g, p.dst + (KIND == DOT ? (int64_t)i[t] * p.ld_dst + h * F : ioff), k_row, e,
                                                     KIND == GATV2 ? p.att + h * F : nullptr, F,
                                                     ft.f0, ft.hi, p.slope);
         dp[t] += pair_part<false, T, VEC>(g, p.dout + ioff, v_row, KIND == DOT ? e : nullptr,

@@ -31,10 +31,13 @@ template <typename I> inline const I* iptr(const at::Tensor& t) {
   return t.defined() && t.numel() ? t.data_ptr<I>() : nullptr;
 }
 
-inline bool aligned16(const at::Tensor& t) {   // (and every row, for row-strided inputs)
+// The first row, and every row of a row-strided (not contiguous) input: a
+// contiguous one's heads start at multiples of F, which the vector divides.
+inline bool aligned16(const at::Tensor& t) {
   return !t.defined() || t.numel() == 0 ||
          (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
-          (t.dim() != 3 || (t.stride(0) * (int64_t)t.element_size()) % 16 == 0));
+          (t.dim() != 3 || t.is_contiguous() ||
+           (t.stride(0) * (int64_t)t.element_size()) % 16 == 0));
 }
 
 // Lanes per (item, head): enough lanes to cover the features with kMaxChunks

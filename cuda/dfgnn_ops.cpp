@@ -112,7 +112,8 @@ int64_t padded_width(int64_t F, at::ScalarType dt) {
 at::Tensor fit(const at::Tensor& t, int64_t fp) {
   if (!t.defined()) return t;
   if (t.size(-1) != fp) return at::constant_pad_nd(t, {0, fp - t.size(-1)});
-  const bool rows_ok = t.dim() != 3 || (t.stride(0) * (int64_t)t.element_size()) % 16 == 0;
+  const bool rows_ok = t.dim() != 3 || t.is_contiguous() ||
+                       (t.stride(0) * (int64_t)t.element_size()) % 16 == 0;
   if (t.numel() && (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0 || !rows_ok)) {
     auto c = t.contiguous();   // (a new, aligned buffer unless t was contiguous already)
     return c.data_ptr() == t.data_ptr() ? t.clone() : c;

@@ -171,7 +171,7 @@ class _Projections(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, meta, x, *params):
-        heads, chans, width, dtype = meta
+        heads, chans, width, dtype, gemv = meta
         ws, bs = params[0::2], params[1::2]   # (biases: all tensors, or all None)
         ctx.dtypes = (x.dtype, [w.dtype for w in ws], [None if b is None else b.dtype for b in bs])
         ctx.meta, ctx.n = meta, len(ws)
@@ -182,21 +182,20 @@ class _Projections(torch.autograd.Function):
             x, w = x.to(dtype), w.to(dtype)
             b = None if b is None else b.to(dtype)
         ctx.save_for_backward(x, w)
-        ctx.gemv = _use(x, x.size(0), w.size(0))   # (grad mode is on here, not in backward)
         y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
         return tuple(t.view(-1, heads, width) for t in y.split(heads * width, dim=1))
 
     @staticmethod
     def backward(ctx, *grads):
         x, w = ctx.saved_tensors
-        heads, chans, width, _ = ctx.meta
+        heads, chans, width, _, gemv = ctx.meta
         x_dt, w_dts, b_dts = ctx.dtypes
         n = x.size(0)
         g = torch.cat([(gi if gi is not None else x.new_zeros(n, heads, width))
                        .reshape(n, heads * width).to(x.dtype) for gi in grads], dim=1)
         dx = (g @ w).to(x_dt) if ctx.needs_input_grad[1] else None
         dw = (g.t() @ x) if any(ctx.needs_input_grad[2::2]) else None
-        db = (_column_sum(g) if ctx.gemv else g.sum(0)) \
+        db = (_column_sum(g) if gemv else g.sum(0)) \
             if any(ctx.needs_input_grad[3::2]) and b_dts[0] is not None else None
         out = []
         for i in range(ctx.n):
@@ -233,4 +232,7 @@ def fused_projections(lins, x: Tensor, heads: int, chans: int, width: int):
         params += [w, b]
     if _global_hooks():
         return None
-    return _Projections.apply((heads, chans, width, _autocast_dtype(x)), x, *params)
+    # (whether the bias gradient is a GEMV is decided here: grad mode is off
+    # inside an autograd Function's forward, which _use reads)
+    gemv = _use(x, x.size(0), len(lins) * heads * width)
+    return _Projections.apply((heads, chans, width, _autocast_dtype(x), gemv), x, *params)

@@ -194,7 +194,7 @@ def test_fused_projections_gradcheck(width, n_maps):
 
     def f(x, *ps):
         return tuple(o[..., :chans] for o in
-                     _glue._Projections.apply((heads, chans, width, None), x, *ps))
+                     _glue._Projections.apply((heads, chans, width, None, False), x, *ps))
     assert torch.autograd.gradcheck(f, (x, *[p.detach().requires_grad_(True) for p in params]))
 
 
