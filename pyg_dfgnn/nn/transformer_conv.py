@@ -14,13 +14,16 @@ from ..ops import dot_attention
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
 from ._glue import apply_linear, fused_projections
-from ._padded import kernel_width, padded_linear, unpad
+from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 
 
-#: devices whose eager calls project q, k and v with one GEMM
-#: (:func:`._glue.fused_projections`): CUDA, where the dot-attention kernels read
-#: the GEMM's column blocks row-strided; on the CPU the kernels take contiguous
-#: rows, so the blocks would be copied.
+#: devices whose eager GPU-bound calls (:func:`._padded.gpu_bound`) project q, k
+#: and v with one GEMM (:func:`._glue.fused_projections`): CUDA, where the
+#: dot-attention kernels read the GEMM's column blocks row-strided (k_j and v_j
+#: of a gathered row then lie side by side: the attention kernels ran 2-9 %
+#: faster on an H100, docs/KERNELS.md, session 14); on the CPU the kernels take
+#: contiguous rows, so the blocks would be copied.  Host-bound calls keep the
+#: three projections: the fused one saved no host time there.
 _FUSED_PROJECTION_DEVICES = ("cuda",)
 
 
@@ -95,7 +98,7 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
             return None
         qkv = None
         if (xs[0] is xs[1] and xs[0].device.type in _FUSED_PROJECTION_DEVICES
-                and not torch.compiler.is_compiling()):
+                and gpu_bound(xs[0].size(0), H, C) and not torch.compiler.is_compiling()):
             # one GEMM and one autograd node for the three projections; q / k / v
             # are its column blocks, which the CUDA kernels read row-strided
             qkv = fused_projections((self.lin_query, self.lin_key, self.lin_value), xs[0], H, C,
