@@ -220,6 +220,13 @@ def floors(convs, x, ei):
     def f_gat():
         H, C = gat.heads, gat.out_channels
         h = F.linear(x, gat.lin.weight).view(-1, H, C)
+        if hasattr(fused, "EagerGATNodeAttention"):   # (session 14: logits in the op)
+            plan = fused.plan_of(g, GAT, h, h)
+            seed = int(torch.randint(0, 2**62, (1,), dtype=torch.long).item())
+            meta = (g, plan, 0.2, DROPOUT, seed, False)
+            out = fused.EagerGATNodeAttention.apply(meta, h, gat.att_src, gat.att_dst, None,
+                                                    gat.bias.view(H, C))[0]
+            return out.view(-1, H * C)
         a_s = (h * gat.att_src).sum(-1)
         a_d = (h * gat.att_dst).sum(-1)
         out = op(g, GAT, a_d, a_s, h, None, 1.0, DROPOUT)
@@ -269,12 +276,15 @@ def cpu_times(fn, n: int, rep: int):
 
 
 def gpu_like_cpu_path():
-    """Make a CPU run take the CUDA path of a host-bound call: GAT's unfolded
-    (PyG) logits, and cache hits accepted on the version counters as on CUDA
-    (on CPU every hit also fingerprints the content)."""
+    """Make a CPU run take the CUDA path of a host-bound call: GAT's node
+    logits in the op (session 14; before it, PyG's unfolded logits), and cache
+    hits accepted on the version counters as on CUDA (on CPU every hit also
+    fingerprints the content)."""
     import pyg_dfgnn.graph as graph_mod
     import pyg_dfgnn.nn.gat_conv as gat_mod
     gat_mod._folded_logits = lambda *a, **k: None
+    if hasattr(gat_mod, "_NODE_LOGITS_DEVICES"):
+        gat_mod._NODE_LOGITS_DEVICES = ("cuda", "cpu")
     graph_mod._on_accelerator = lambda tensors: True
 
 
