@@ -288,7 +288,10 @@ def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
 
     ``q [N_dst, H, F]``, ``k [N_src, H, F]``, ``v [N_src, H, F_v]``,
     ``edge [E, H, F]`` (added to keys and values, as in PyG's TransformerConv);
-    ``scale`` defaults to :math:`1/\sqrt{F}`.
+    ``scale`` defaults to :math:`1/\sqrt{F}`.  On CUDA, ``q``, ``k`` and ``v``
+    may be row-strided (each row's ``H x F`` features contiguous, rows further
+    apart: column blocks of one projection GEMM's output), which the kernels
+    read as they are; other layouts are copied.
     """
     sizes = _check_inputs(graph, ("q", q, ("dst", "H", "F")), ("k", k, ("src", "H", "F")),
                           ("v", v, ("src", "H", "Fv")), ("edge", edge, ("E", "H", "F")),
