@@ -229,6 +229,19 @@ def check_equivalence(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any], args
     return out_r, out_o
 
 
+def record_results(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.name`` (for the test's duration) so that every call's
+    result is appended, in call order, to the returned list."""
+    results: list = []
+    fn = getattr(module, name)
+
+    def recorded(*args, **kwargs):
+        results.append(fn(*args, **kwargs))
+        return results[-1]
+    monkeypatch.setattr(module, name, recorded)
+    return results
+
+
 def feats(n: int, f: int, device: str, dtype=None, seed: int = 0) -> Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, f, generator=g, dtype=torch.float64).to(

@@ -7,7 +7,7 @@ from pyg_dfgnn.nn import GATConv
 
 from ._equiv import (DEVICES, E, FORMATS, F_IN, N, SparseTensor, check_bf16_against_float64,
                      check_core, check_equivalence, check_formats, check_state_dict_round_trip,
-                     feats, make_adj, random_edge_index)
+                     feats, make_adj, random_edge_index, record_results)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -185,14 +185,7 @@ def _record_folds(monkeypatch) -> list:
     """What every call of ``gat_conv._epilogue_bias`` returns (the folded bias
     or ``None``), in call order."""
     from pyg_dfgnn.nn import gat_conv
-    seen = []
-    fold = gat_conv._epilogue_bias
-
-    def recorded(*args):
-        seen.append(fold(*args))
-        return seen[-1]
-    monkeypatch.setattr(gat_conv, "_epilogue_bias", recorded)
-    return seen
+    return record_results(monkeypatch, gat_conv, "_epilogue_bias")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -243,13 +236,7 @@ def test_node_logits_in_the_op(device, kw, monkeypatch):
     ``size`` keeps the layer's own logits."""
     from pyg_dfgnn.nn import gat_conv
     monkeypatch.setattr(gat_conv, "_NODE_LOGITS_DEVICES", ("cuda", "cpu"))
-    calls = []
-    node = gat_conv.gat_node_attention
-
-    def recorded(*args, **kwargs):
-        calls.append(args[1].shape)
-        return node(*args, **kwargs)
-    monkeypatch.setattr(gat_conv, "gat_node_attention", recorded)
+    calls = record_results(monkeypatch, gat_conv, "gat_node_attention")
     ei = random_edge_index(N, N, E, device=device)
     edge = dict(edge_attr=torch.randn(E, 3, device=device)) if "edge_dim" in kw else None
     check_equivalence(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, out_channels=4, **kw),

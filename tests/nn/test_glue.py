@@ -219,16 +219,10 @@ def test_transformer_fused_projections_match_pyg(kw, monkeypatch):
     CUDA calls, forced on the CPU here) equals PyG's layer, forward and backward in
     float64; a pair of inputs keeps the separate projections."""
     from pyg_dfgnn.nn import transformer_conv as tc
-    from ._equiv import check_equivalence, feats, random_edge_index
+    from ._equiv import check_equivalence, feats, random_edge_index, record_results
     monkeypatch.setattr(tc, "_FUSED_PROJECTION_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)   # (GPU-bound calls only)
-    calls = []
-    fused = tc.fused_projections
-
-    def recorded(*args):
-        calls.append(fused(*args))
-        return calls[-1]
-    monkeypatch.setattr(tc, "fused_projections", recorded)
+    calls = record_results(monkeypatch, tc, "fused_projections")
     n, e = 12, 40
     ei = random_edge_index(n, n, e)
     call = dict(edge_attr=torch.randn(e, 3, dtype=torch.float64)) if "edge_dim" in kw else None
