@@ -227,17 +227,9 @@ std::vector<at::Tensor> attention_bwd(
   o.d_att = f.att.defined() ? at::empty_like(f.att) : empty();
   if (kind == 0) {
     bwd_gat(g, f, s, bi, o);
-    if (f.att.defined()) {   // the output bias: a column sum of grad_out
-      // a GEMV on large calls (ATen's reduction runs far below memory speed on
-      // these few-hundred-wide rows, docs/KERNELS.md session 11), one reduction
-      // kernel on small ones (the GEMV's ones vector costs a launch); written
-      // straight into d_att
+    if (f.att.defined()) {   // the output bias: a column sum of grad_out, as a GEMV
       const auto g2 = bi.grad_out.reshape({-1, f.att.numel()});
-      auto d = o.d_att.view({-1});
-      if (g2.numel() >= (int64_t{1} << 22))
-        at::mv_out(d, g2.t(), at::ones({g2.size(0)}, g2.options()));
-      else
-        at::sum_out(d, g2, {0});
+      o.d_att.copy_(at::mv(g2.t(), at::ones({g2.size(0)}, g2.options())).view_as(o.d_att));
     }
   }
   else if (kind == 1) bwd_gatv2(g, f, s, bi, o);

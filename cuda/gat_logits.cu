@@ -46,9 +46,6 @@ __device__ __forceinline__ void load_smem(const float* p, float (&v)[VEC]) {
 //: shared memory (fp32, padded to F: 2 x H x F x 4 bytes <= 48 KiB)
 constexpr int64_t kStagedAtt = 6144;
 
-// (node, head) pairs a lane group handles per sweep in the staged forward
-constexpr int kLogitPairs = 4;
-
 // Forward.  One group of G lanes per (node, head), grid-stride over the
 // pairs; STAGED: both attention vectors in shared memory as fp32 [2][H][F]
 // with zeros past C, read in the lanes' VEC-wide slices.
@@ -68,57 +65,38 @@ gat_logits_kernel(const T* __restrict__ x, const TA* __restrict__ att_s,
   }
   const Group g(G);
   const int64_t step = (int64_t)gridDim.x * (kThreads / G);
-  // kLogitPairs (node, head) pairs per group and sweep: their row loads are in
-  // flight together (one load per lane and pair left the pass latency-bound)
-  constexpr int U = STAGED ? kLogitPairs : 1;
-  for (int64_t pair0 = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / G; pair0 < pairs;
-       pair0 += U * step) {   // (all lanes of a group take the same pairs)
-    float s[U], d[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) s[u] = d[u] = 0.f;
+  for (int64_t pair = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / G; pair < pairs;
+       pair += step) {   // (all lanes of a group take the same pairs)
+    const int64_t h = pair % H;
+    const T* row = x + pair * F;
+    float s = 0.f, d = 0.f;
     for (int64_t c = (int64_t)g.lg * VEC; c < (STAGED ? F : C); c += (int64_t)G * VEC) {
-      float v[U][VEC];
+      float v[VEC];
+      load_vec<T, VEC>(row + c, v);
+      if constexpr (STAGED) {
+        float ws[VEC], wd[VEC];
+        load_smem<VEC>(w + h * F + c, ws);
+        load_smem<VEC>(w + (H + h) * F + c, wd);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t pair = pair0 + u * step;
-        if (pair < pairs) {
-          load_vec<T, VEC>(x + pair * F + c, v[u]);
-        } else {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) v[u][k] = 0.f;
+        for (int k = 0; k < VEC; ++k) {
+          s = fmaf(v[k], ws[k], s);
+          d = fmaf(v[k], wd[k], d);
         }
-      }
+      } else {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t h = (pair0 + u * step) % H;
-        if constexpr (STAGED) {
-          float ws[VEC], wd[VEC];
-          load_smem<VEC>(w + h * F + c, ws);
-          load_smem<VEC>(w + (H + h) * F + c, wd);
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            s[u] = fmaf(v[u][k], ws[k], s[u]);
-            d[u] = fmaf(v[u][k], wd[k], d[u]);
-          }
-        } else {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            if (c + k < C) {
-              s[u] = fmaf(v[u][k], to_f(att_s[h * C + c + k]), s[u]);
-              d[u] = fmaf(v[u][k], to_f(att_d[h * C + c + k]), d[u]);
-            }
+        for (int k = 0; k < VEC; ++k) {
+          if (c + k < C) {
+            s = fmaf(v[k], to_f(att_s[h * C + c + k]), s);
+            d = fmaf(v[k], to_f(att_d[h * C + c + k]), d);
           }
         }
       }
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t pair = pair0 + u * step;
-      const float su = g.sum(s[u]), du = g.sum(d[u]);
-      if (g.lg == 0 && pair < pairs) {
-        a_s[pair] = from_f<T>(su);
-        a_d[pair] = from_f<T>(du);
-      }
+    s = g.sum(s);
+    d = g.sum(d);
+    if (g.lg == 0) {
+      a_s[pair] = from_f<T>(s);
+      a_d[pair] = from_f<T>(d);
     }
   }
 }
