@@ -17,28 +17,23 @@ using c10::optional;
 
 at::Tensor opt(const optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
 
-void check_cuda(const at::Tensor& t, const char* name, const at::Device& dev) {
-  if (!t.defined()) return;
-  TORCH_CHECK(t.device() == dev, "pyg_dfgnn: '", name, "' is on ", t.device(), ", expected ",
-              dev);
-  TORCH_CHECK(t.is_contiguous(), "pyg_dfgnn: '", name, "' must be contiguous");
-}
-
 // Dot attention's [N, H, F] inputs q / k / v may be row-strided: each row's
 // H x F features contiguous, rows further apart (column blocks of one projection
-// GEMM's output: a Transformer layer's q | k | v | skip); the kernels take the
-// row stride (feat_off).
+// GEMM's output: a Transformer layer's q | k | v); the kernels take the row
+// stride (Params::ld_*).
 bool row_strided(const at::Tensor& t) {
   return t.dim() == 3 && (t.size(2) <= 1 || t.stride(2) == 1) &&
          (t.size(1) <= 1 || t.stride(1) == t.size(2)) && t.stride(0) >= t.size(1) * t.size(2);
 }
 
-void check_rows(const at::Tensor& t, const char* name, const at::Device& dev) {
+void check_cuda(const at::Tensor& t, const char* name, const at::Device& dev,
+                bool rows_ok = false) {
   if (!t.defined()) return;
   TORCH_CHECK(t.device() == dev, "pyg_dfgnn: '", name, "' is on ", t.device(), ", expected ",
               dev);
-  TORCH_CHECK(t.is_contiguous() || row_strided(t), "pyg_dfgnn: '", name,
-              "' must be contiguous or row-strided (each row's features contiguous)");
+  TORCH_CHECK(t.is_contiguous() || (rows_ok && row_strided(t)), "pyg_dfgnn: '", name,
+              rows_ok ? "' must be contiguous or row-strided (each row's features contiguous)"
+                      : "' must be contiguous");
 }
 
 void check_index(const at::Tensor& t, const char* name, at::ScalarType it) {
@@ -80,11 +75,9 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
   for (auto* t : {&f.dst, &f.src, &f.val, &f.edge, &f.att}) {
     if (!t->defined()) continue;
     TORCH_CHECK(t->scalar_type() == dt, "pyg_dfgnn: all features must share one dtype");
-    // (dot attention's q / k / v may be row-strided: feat_off in the kernels)
-    if (kind == 2 && (t == &f.dst || t == &f.src || t == &f.val))
-      check_rows(*t, "features", src.device());
-    else
-      check_cuda(*t, "features", src.device());
+    // (dot attention's q / k / v may be row-strided: Params::ld_* in the kernels)
+    check_cuda(*t, "features", src.device(),
+               kind == 2 && (t == &f.dst || t == &f.src || t == &f.val));
   }
   return f;
 }

@@ -149,7 +149,7 @@ _PLAIN_FORWARDS = _plain_forwards()
 # several projections of one input as one GEMM
 # --------------------------------------------------------------------------- #
 
-def _pad_heads(t: Tensor, heads: int, chans: int, width: int) -> Tensor:
+def pad_heads(t: Tensor, heads: int, chans: int, width: int) -> Tensor:
     """Rows of a ``[heads * chans, ...]`` weight / bias padded with zeros to
     ``width`` per head (:mod:`._padded`)."""
     if width == chans:
@@ -175,8 +175,8 @@ class _Projections(torch.autograd.Function):
         ws, bs = params[0::2], params[1::2]   # (biases: all tensors, or all None)
         ctx.dtypes = (x.dtype, [w.dtype for w in ws], [None if b is None else b.dtype for b in bs])
         ctx.meta, ctx.n = meta, len(ws)
-        w = torch.cat([_pad_heads(t, heads, chans, width) for t in ws])
-        b = None if bs[0] is None else torch.cat([_pad_heads(t, heads, chans, width)
+        w = torch.cat([pad_heads(t, heads, chans, width) for t in ws])
+        b = None if bs[0] is None else torch.cat([pad_heads(t, heads, chans, width)
                                                   for t in bs])
         if dtype is not None:   # autocast: compute in its dtype, as F.linear would
             x, w = x.to(dtype), w.to(dtype)

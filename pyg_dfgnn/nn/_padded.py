@@ -18,11 +18,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..schedule import padded_width
-from ._glue import apply_linear, linear
+from ._glue import apply_linear, linear, pad_heads
 
 
 #: below this many projected elements (rows x heads x features) a layer call is
@@ -71,11 +70,9 @@ def padded_linear(lin, x: Tensor, heads: int, chans: int, width: int) -> Optiona
         return apply_linear(lin, x).view(-1, heads, chans)
     if not paddable(lin, heads, chans):
         return None
-    w = lin.weight
-    pad = width - chans
-    wp = F.pad(w.view(heads, chans, w.size(1)), (0, 0, 0, pad)).view(heads * width, -1)
     b = getattr(lin, "bias", None)
-    bp = F.pad(b.view(heads, chans), (0, pad)).view(-1) if b is not None else None
+    wp = pad_heads(lin.weight, heads, chans, width)
+    bp = pad_heads(b, heads, chans, width) if b is not None else None
     return linear(x, wp, bp).view(-1, heads, width)
 
 

@@ -102,6 +102,15 @@ def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = (),
     return {k: v[0] for k, v in bound.items()}
 
 
+def _check_narrower(name: str, width: Optional[int], feats: int, what: str) -> None:
+    """A per-head width ``name`` (``None``: the argument is absent) may be
+    narrower than x's ``feats`` features per head (a padded projection), not
+    wider."""
+    if width is not None and width > feats:
+        raise ValueError(f"'{name}' has {width} features per head but 'x' has {feats}: it "
+                         f"may be narrower than x's heads ({what}), not wider")
+
+
 def _check_float(name: str, value: Any, finite: bool = True) -> float:
     # (torch.SymFloat/SymInt: torch.compile(dynamic=True) makes Python floats
     # symbolic; the comparisons below trace as guards, math.isfinite would not)
@@ -181,10 +190,7 @@ def gat_attention(graph: CSRGraph, x: Tensor, a_src: Tensor, a_dst: Tensor,
     sizes = _check_inputs(graph, ("x", x, ("src", "H", "F")), ("a_src", a_src, ("src", "H")),
                           ("a_dst", a_dst, ("dst", "H")), ("a_edge", a_edge, ("E", "H")),
                           ("bias", bias, ("H", "C")), optional=("a_edge", "bias"))
-    if bias is not None and sizes["C"] > sizes["F"]:
-        raise ValueError(f"'bias' has {sizes['C']} features per head but 'x' has "
-                         f"{sizes['F']}: it may be narrower than x's heads (the output "
-                         f"keeps its width), not wider")
+    _check_narrower("bias", sizes.get("C"), sizes["F"], "the output keeps its width")
     negative_slope = _check_float("negative_slope", negative_slope)
     return _run(GAT, graph, a_dst, a_src, x, a_edge, bias, 1.0, negative_slope, dropout,
                 return_alpha)
@@ -234,16 +240,9 @@ def gat_node_attention(graph: CSRGraph, x: Tensor, att_src: Tensor, att_dst: Ten
     if atts[1].shape != atts[0].shape or atts[1].device != atts[0].device:
         raise ValueError(f"'att_dst' has shape {list(atts[1].shape)} on {atts[1].device} but "
                          f"'att_src' {list(atts[0].shape)} on {atts[0].device}; they must agree")
-    if sizes["C"] > sizes["F"]:
-        raise ValueError(f"'att_src' has {sizes['C']} features per head but 'x' has "
-                         f"{sizes['F']}: the attention vectors may be narrower than x's "
-                         f"heads, not wider")
-    if bias is not None and sizes["Cb"] > sizes["F"]:
-        raise ValueError(f"'bias' has {sizes['Cb']} features per head but 'x' has "
-                         f"{sizes['F']}: it may be narrower than x's heads (the output "
-                         f"keeps its width), not wider")
+    _check_narrower("att_src", sizes["C"], sizes["F"], "the attention vectors")
+    _check_narrower("bias", sizes.get("Cb"), sizes["F"], "the output keeps its width")
     negative_slope = _check_float("negative_slope", negative_slope)
-    att_src, att_dst = att_src.contiguous(), att_dst.contiguous()
     if (x.dtype == torch.float64 or isinstance(graph, GraphRef)
             or torch.compiler.is_compiling() or not (x.is_cuda or x.is_cpu)):
         a_src, a_dst = fused.gat_logits_ref(x, atts[0], atts[1])

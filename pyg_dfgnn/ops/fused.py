@@ -491,6 +491,19 @@ def _gat_logits_bwd(x: Tensor, att_src: Tensor, att_dst: Tensor, d_src: Tensor, 
             (gd * xs).sum(0).to(att_dst.dtype).view_as(att_dst))
 
 
+def _gat_node_fwd(g, plan, x, att_src, att_dst, edge, bias, slope, p, seed: int, need_alpha,
+                  ops=False):
+    """The logits and the fused forward: ``((out, lse, alpha), a_src, a_dst)``;
+    ``ops`` as in :func:`_cpu_fwd`."""
+    a_src, a_dst = _gat_logits(x, att_src, att_dst)
+    extra = {} if x.is_cuda else {"ops": ops}
+    output = (_cuda_fwd if x.is_cuda else _cpu_fwd)(
+        ref.GAT, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, a_dst, a_src, x, edge,
+        bias, 1.0, slope, p, seed, need_alpha, plan.sched, plan.work, plan.merge, plan.t_work,
+        plan.t_merge, **extra)
+    return output, a_src, a_dst
+
+
 class EagerGATNodeAttention(torch.autograd.Function):
     """GAT's attention with the node logits computed from ``x`` and the
     attention vectors inside the same autograd node (eager CUDA and CPU
@@ -509,15 +522,10 @@ class EagerGATNodeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, meta, x, att_src, att_dst, edge, bias):
         g, plan, slope, p, seed, need_alpha = meta
-        cuda = x.is_cuda
-        a_src, a_dst = _gat_logits(x, att_src, att_dst)
-        extra = {}
-        if not cuda:
-            extra["ops"] = ctx.ops = _cpu_ops(ref.GAT, a_src, x)
-        out, lse, alpha = (_cuda_fwd if cuda else _cpu_fwd)(
-            ref.GAT, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, a_dst, a_src, x,
-            edge, bias, 1.0, slope, p, seed, need_alpha, plan.sched, plan.work, plan.merge,
-            plan.t_work, plan.t_merge, **extra)
+        # (the CPU kernels are chosen once for forward and backward)
+        ctx.ops = None if x.is_cuda else _cpu_ops(ref.GAT, x, x)
+        (out, lse, alpha), a_src, a_dst = _gat_node_fwd(g, plan, x, att_src, att_dst, edge, bias,
+                                                        slope, p, seed, need_alpha, ctx.ops)
         ctx.meta = meta
         ctx.save_for_backward(x, att_src, att_dst, a_src, a_dst, edge, bias, out, lse)
         ctx.mark_non_differentiable(lse, alpha)
@@ -552,12 +560,8 @@ def gat_node_attention_on(graph, plan, x: Tensor, att_src: Tensor, att_dst: Tens
     meta = (graph, plan, negative_slope, dropout_p, s, need_alpha)
     if not (torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, att_src, att_dst, edge, bias))):
-        a_src, a_dst = _gat_logits(x, att_src, att_dst)
-        g = graph
-        return (_cuda_fwd if x.is_cuda else _cpu_fwd)(
-            ref.GAT, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, a_dst, a_src, x,
-            edge, bias, 1.0, negative_slope, dropout_p, s, need_alpha, plan.sched, plan.work,
-            plan.merge, plan.t_work, plan.t_merge)
+        return _gat_node_fwd(graph, plan, x, att_src, att_dst, edge, bias, negative_slope,
+                             dropout_p, s, need_alpha)[0]
     return EagerGATNodeAttention.apply(meta, x, att_src, att_dst, edge, bias)
 
 
