@@ -27,6 +27,8 @@
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
@@ -576,6 +578,27 @@ std::vector<float> att_float(const Inputs& in) {
   return a;
 }
 
+// Dot attention's att is a key scale c [N_src, H]: the keys are c_j k_j.  The
+// CPU kernels run on the scaled keys (the CUDA ones scale in registers), in
+// fp32 for bf16 inputs (c_j k_j unrounded, as the CUDA kernels form it; the
+// results rounded once).
+at::Tensor f32(const at::Tensor& t) { return t.to(at::kFloat); }
+optional<at::Tensor> f32(const optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? optional<at::Tensor>(t->to(at::kFloat)) : t;
+}
+
+bool key_scaled(int64_t kind, const at::Tensor& src, const optional<at::Tensor>& att,
+                const optional<at::Tensor>& edge) {
+  if (kind != DOT || !att.has_value() || !att->defined()) return false;
+  TORCH_CHECK(att->dim() == 2 && src.dim() == 3 && att->size(0) == src.size(0) &&
+                  att->size(1) == src.size(1) && !(edge.has_value() && edge->defined()),
+              "pyg_dfgnn: dot attention's 'att' (the key scale) must be [N_src, H], "
+              "without edge features");
+  TORCH_CHECK(att->scalar_type() == src.scalar_type(),
+              "pyg_dfgnn: all features must share one dtype");
+  return true;
+}
+
 template <typename Fn>
 void dispatch(const Inputs& in, const Fn& fn) {
   const auto dt = in.src.scalar_type();
@@ -594,9 +617,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
     const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
     const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
     const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
-    bool need_alpha, at::IntArrayRef /*sched*/, const optional<at::Tensor>& /*work*/,
-    const optional<at::Tensor>& /*merge*/, const optional<at::Tensor>& /*t_work*/,
-    const optional<at::Tensor>& /*t_merge*/) {
+    bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor>& work,
+    const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
+    const optional<at::Tensor>& t_merge) {
+  if (key_scaled(kind, src, att, edge)) {
+    const auto dt = src.scalar_type();
+    auto r = attention_fwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, f32(dst),
+                           at::mul(f32(src), f32(*att).unsqueeze(-1)), f32(val), edge,
+                           c10::nullopt, scale, slope, p, seed, need_alpha, sched, work, merge,
+                           t_work, t_merge);
+    return {std::get<0>(r).to(dt), std::get<1>(r), std::get<2>(r).to(dt)};
+  }
   const Inputs in = inputs(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val,
                            edge, att);
   const at::Tensor& v = kind == GATV2 ? in.src : in.val;
@@ -627,9 +658,21 @@ std::vector<at::Tensor> attention_bwd(
     const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
     const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
     const at::Tensor& out_, const at::Tensor& lse_, const at::Tensor& grad_out_,
-    at::IntArrayRef /*sched*/, const optional<at::Tensor>& /*work*/,
-    const optional<at::Tensor>& /*merge*/, const optional<at::Tensor>& /*t_work*/,
-    const optional<at::Tensor>& /*t_merge*/) {
+    at::IntArrayRef sched, const optional<at::Tensor>& work,
+    const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
+    const optional<at::Tensor>& t_merge) {
+  if (key_scaled(kind, src, att, edge)) {
+    // dK_j = sum_i g_ij q_i is the gradient of the scaled key c_j k_j
+    const auto dt = src.scalar_type();
+    auto g = attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, f32(dst),
+                           at::mul(f32(src), f32(*att).unsqueeze(-1)), f32(val), edge,
+                           c10::nullopt, scale, slope, p, seed, f32(out_), lse_, f32(grad_out_),
+                           sched, work, merge, t_work, t_merge);
+    g[4] = at::sum(at::mul(g[1], f32(src)), -1).to(dt);
+    g[1] = at::mul(g[1], f32(*att).unsqueeze(-1)).to(dt);
+    for (int i : {0, 2, 3}) g[i] = g[i].to(dt);   // (absent ones: empty, in dt)
+    return g;
+  }
   const Inputs in = inputs(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val,
                            edge, att);
   const at::Tensor& v = kind == GATV2 ? in.src : in.val;

@@ -43,9 +43,13 @@ struct BwdOut { at::Tensor d_dst, d_src, d_val, d_edge, d_att; };
 void fwd_gat(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);
 void fwd_gatv2(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);
 void fwd_dot(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);
+// dot attention with a key scale c (FeatArgs::att [N_src, H]) and the keys
+// given as the values (FeatArgs::src is FeatArgs::val): AGNN's shape
+void fwd_agnn(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);
 void bwd_gat(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
 void bwd_gatv2(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
 void bwd_dot(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
+void bwd_agnn(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
 
 // GAT's node logits and their backward (gat_logits.cu)
 std::tuple<at::Tensor, at::Tensor> gat_logits(const at::Tensor& x, const at::Tensor& att_src,

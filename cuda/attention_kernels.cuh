@@ -42,7 +42,13 @@
 
 namespace dfgnn {
 
-enum Kind : int { GAT = 0, GATV2 = 1, DOT = 2 };
+// AGNN is dot attention whose keys are the values, scaled per source:
+// s_ij = scale c_j <q_i, v_j> with c = the op's att [N_src, H] (AGNN's
+// cosine: q = beta x_norm, v = x, c = 1 / |x|), so each edge gathers one row
+// (v_j) instead of two; the op runs it for dot attention with a key scale and
+// k given as v (cuda/dfgnn_ops.cpp).  Everywhere else it is DOT.
+enum Kind : int { GAT = 0, GATV2 = 1, DOT = 2, AGNN = 3 };
+__host__ __device__ constexpr bool dot_like(int kind) { return kind == DOT || kind == AGNN; }
 
 constexpr int kThreads = 256;
 // Resident blocks per SM the compiler must allow (register cap 65536 /
@@ -469,7 +475,7 @@ template <int KIND, typename T> constexpr int kBatch =
 
 template <int KIND, bool RECOMPUTE, typename T> constexpr int kColBatch =
     (DFGNN_COL_BATCH ? DFGNN_COL_BATCH
-                     : (KIND == GAT ? (RECOMPUTE ? 4 : 8) : (KIND == DOT && !RECOMPUTE ? 4 : 2))) *
+                     : (KIND == GAT ? (RECOMPUTE ? 4 : 8) : (dot_like(KIND) && !RECOMPUTE ? 4 : 2))) *
     (sizeof(T) == 2 ? DFGNN_HALF_COL_SCALE : 1);
 
 // The edge term's tile of original edge eo (zeros without edge features or
@@ -496,7 +502,7 @@ __device__ __forceinline__ void load_row_ops(const Params<T, I>& p, const Feat<V
   if constexpr (KIND == GAT) {
     r.a_dst = to_f(p.dst[row * p.H + h]);
   } else {
-    if constexpr (KIND == DOT) load_tile<T, VEC>(ft, p.dst + row * p.ld_dst + h * p.F, r.xi);
+    if constexpr (dot_like(KIND)) load_tile<T, VEC>(ft, p.dst + row * p.ld_dst + h * p.F, r.xi);
     else load_tile<T, VEC>(ft, p.dst + (row * p.H + h) * p.F, r.xi);
     if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * p.F, r.at);
   }
@@ -512,10 +518,22 @@ struct Batch {
   int64_t base;                  // CSR position of edge 0 (edge t: base + t)
   I j[B], eo[B];                 // sources and original edge ids
   Packed<T, VEC> v[B];                   // value rows
-  Packed<T, VEC> k[KIND == DOT ? B : 1];  // key rows, dot only
+  Packed<T, VEC> k[KIND == DOT ? B : 1];  // key rows, dot only (AGNN's are its value rows)
+  float c[KIND == AGNN ? B : 1];          // AGNN: the key scales c_j
   float s[B], z[B];              // scores (GAT: and z)
   float dP[B];                   // backward: <dO_i, v_j>
+  __device__ __forceinline__ const Packed<T, VEC>& key(int t) const {
+    if constexpr (KIND == AGNN) return v[t];
+    else return k[t];
+  }
 };
+
+// AGNN's key scale c_j (the op's att [N_src, H]); 1 for the other kinds.
+template <int KIND, typename T, typename I>
+__device__ __forceinline__ float key_scale(const Params<T, I>& p, int64_t j, int64_t h) {
+  if constexpr (KIND == AGNN) return to_f(p.att[j * p.H + h]);
+  else return 1.f;
+}
 
 // Lane partial of <x, row (+ e_ij)> for a packed gathered row; the edge term
 // only for dot attention with edge features (e_ij added to keys and values).
@@ -523,7 +541,7 @@ template <int KIND, typename T, typename I, int VEC>
 __device__ __forceinline__ float dot_row(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
                                          int64_t eo, bool ok, const float (&x)[kChunks<VEC>][VEC],
                                          const Packed<T, VEC>& row) {
-  if (KIND == DOT && p.edge && ok) {
+  if (dot_like(KIND) && p.edge && ok) {
     float e[kChunks<VEC>][VEC];
     load_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, e);
     float s = 0.f;
@@ -542,7 +560,7 @@ __device__ __forceinline__ void value_row(const Params<T, I>& p, const Feat<VEC>
                                           int64_t eo, bool ok, const Packed<T, VEC>& row,
                                           float (&v)[kChunks<VEC>][VEC]) {
   unpack<T, VEC>(row, v);
-  if (KIND == DOT && p.edge && ok) add_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, v);
+  if (dot_like(KIND) && p.edge && ok) add_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, v);
 }
 
 // VALUES = false skips the value rows where the score does not need them
@@ -563,12 +581,19 @@ __device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC
 #pragma unroll
   for (int t = 0; t < B; ++t) {
     const bool ok = t < b.n;
-    if constexpr (KIND == DOT) {   // (row-strided q / k / v)
+    if constexpr (dot_like(KIND)) {   // (row-strided q / k / v)
       const int64_t j = (int64_t)b.j[t];
-      if (ok && VALUES) load_packed<T, VEC>(ft, p.val + j * p.ld_val + h * p.F, b.v[t]);
+      // (AGNN: the value rows are the keys, so they are loaded either way)
+      if (ok && (VALUES || KIND == AGNN))
+        load_packed<T, VEC>(ft, p.val + j * p.ld_val + h * p.F, b.v[t]);
       else zero_packed<T, VEC>(b.v[t]);
-      if (ok) load_packed<T, VEC>(ft, p.src + j * p.ld_src + h * p.F, b.k[t]);
-      else zero_packed<T, VEC>(b.k[t]);
+      if constexpr (KIND == DOT) {
+        if (ok) load_packed<T, VEC>(ft, p.src + j * p.ld_src + h * p.F, b.k[t]);
+        else zero_packed<T, VEC>(b.k[t]);
+      }
+      // (issued with the rows: loaded after the score's butterfly, the scale's
+      // latency came on top of the gather's)
+      if constexpr (KIND == AGNN) b.c[t] = ok ? key_scale<KIND>(p, j, h) : 1.f;
     } else {
       const int64_t off = ((int64_t)b.j[t] * p.H + h) * p.F;
       if (ok && (VALUES || KIND == GATV2)) load_packed<T, VEC>(ft, p.val + off, b.v[t]);
@@ -594,8 +619,8 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
         if (p.edge) z += to_f(p.edge[b.eo[t] * p.H + h]);
         b.z[t] = z;
       }
-    } else if constexpr (KIND == DOT) {
-      part[t] = dot_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], t < b.n, r.xi, b.k[t]);
+    } else if constexpr (dot_like(KIND)) {
+      part[t] = dot_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], t < b.n, r.xi, b.key(t));
     } else {  // GATV2: the score operand is x_src_j (+ x_edge), the value x_src_j
       float ev[kChunks<VEC>][VEC];
       edge_tile<T, I, VEC>(p, ft, h, b.eo[t], t < b.n, ev);
@@ -608,7 +633,7 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
     if (KIND != GAT && ft.wide && t < b.n) {
       const int64_t F = p.F;
       const T* e = p.edge ? p.edge + ((int64_t)b.eo[t] * p.H + h) * F : nullptr;
-      if constexpr (KIND == DOT)
+      if constexpr (dot_like(KIND))
         part[t] += pair_part<false, T, VEC>(g, p.dst + row * p.ld_dst + h * F,
                                             p.src + (int64_t)b.j[t] * p.ld_src + h * F, e,
                                             nullptr, F, ft.f0, ft.hi, p.slope);
@@ -623,7 +648,8 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
   for (int t = 0; t < B; ++t) {
     float s;
     if constexpr (KIND == GAT) s = leaky(b.z[t], p.slope);
-    else s = g.sum(part[t]) * (KIND == DOT ? p.scale : 1.f);
+    else if constexpr (KIND == AGNN) s = g.sum(part[t]) * (p.scale * b.c[t]);
+    else s = g.sum(part[t]) * (dot_like(KIND) ? p.scale : 1.f);
     b.s[t] = t < b.n ? s : -INFINITY;
   }
 }
@@ -638,8 +664,8 @@ __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, 
   for (int t = 0; t < B; ++t) {
     float part = dot_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], t < b.n, dO, b.v[t]);
     if (ft.wide && t < b.n) {
-      const T* e = (KIND == DOT && p.edge) ? p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F : nullptr;
-      if constexpr (KIND == DOT)
+      const T* e = (dot_like(KIND) && p.edge) ? p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F : nullptr;
+      if constexpr (dot_like(KIND))
         part += pair_part<false, T, VEC>(g, dO_row, p.val + (int64_t)b.j[t] * p.ld_val + h * p.F,
                                          e, nullptr, p.F, ft.f0, ft.hi, 0.f);
       else
@@ -959,7 +985,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND, T>) bwd_row_kernel(
       dmax = fmaxf(dmax, fabsf(dS));
       float gv;
       if constexpr (KIND == GAT) gv = dS * dleaky(b.z[t], p.slope);
-      else if constexpr (KIND == DOT) gv = dS * p.scale;
+      else if constexpr (dot_like(KIND)) gv = dS * p.scale;
       else gv = dS;
       const float pdv = alpha * kf;
       if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
@@ -972,13 +998,16 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND, T>) bwd_row_kernel(
       if constexpr (KIND == GATV2) gacc += gv;
       if constexpr (KIND == GAT) {
         gacc += gv - dS;  // sum_j dS_ij (LeakyReLU'(z_ij) - 1): see "Centred row sums"
-      } else if constexpr (KIND == DOT) {
+      } else if constexpr (dot_like(KIND)) {
         float kk[kChunks<VEC>][VEC];
-        value_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], ok, b.k[t], kk);   // k_j (+ e_ij)
+        value_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], ok, b.key(t), kk);   // k_j (+ e_ij)
+        // (AGNN: the key is c_j v_j)
+        float gk = gv;
+        if constexpr (KIND == AGNN) gk = gv * b.c[t];
 #pragma unroll
         for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) acc[c][k] += gv * kk[c][k];
+          for (int k = 0; k < VEC; ++k) acc[c][k] += gk * kk[c][k];
         if (p.d_edge && ok) {
           float dv[kChunks<VEC>][VEC];
 #pragma unroll
@@ -1079,16 +1108,20 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
   const int64_t h = it.h, src = it.row, slot = it.slot, F = p.F, H = p.H;
   const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, F);
   // v_j (DOT), x_j (GAT), x_src_j (GATV2); k_j (DOT), x_src_j (GATV2)
-  const T* v_row = KIND == DOT ? p.val + src * p.ld_val + h * F : p.val + (src * H + h) * F;
-  const T* k_row = KIND == DOT ? p.src + src * p.ld_src + h * F : p.src + (src * H + h) * F;
+  const T* v_row = dot_like(KIND) ? p.val + src * p.ld_val + h * F : p.val + (src * H + h) * F;
+  const T* k_row = dot_like(KIND) ? p.src + src * p.ld_src + h * F : p.src + (src * H + h) * F;
 
-  float vj[NC][VEC], kj[KIND == DOT ? NC : 1][VEC], at[KIND == GATV2 ? NC : 1][VEC];
+  float vj[NC][VEC], kj[dot_like(KIND) ? NC : 1][VEC], at[KIND == GATV2 ? NC : 1][VEC];
   // the own row's operands: what the recomputed scores / dP need, and GATv2's
   // z_ij in either mode
   if constexpr (RECOMPUTE || KIND == GATV2) load_tile<T, VEC>(ft, v_row, vj);
-  if constexpr (RECOMPUTE && KIND == DOT) load_tile<T, VEC>(ft, k_row, kj);
+  if constexpr (RECOMPUTE && dot_like(KIND)) load_tile<T, VEC>(ft, k_row, kj);
   if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * F, at);
   const float a_src = RECOMPUTE && KIND == GAT ? to_f(p.src[src * H + h]) : 0.f;
+  // the recomputed scores' factor (AGNN: times the own key scale; d_src is
+  // then the gradient of the scaled key c_j v_j)
+  const float sc = !dot_like(KIND) ? 1.f
+                   : KIND == AGNN ? p.scale * key_scale<KIND>(p, src, h) : p.scale;
   const bool need_cp = !RECOMPUTE || EMIT || p.edge != nullptr || p.drop_p > 0.f;
 
   float gacc = 0.f;
@@ -1139,7 +1172,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
       if (ok) load_packed<T, VEC>(ft, p.dout + off, o[t]);
       else zero_packed<T, VEC>(o[t]);
       if constexpr (KIND != GAT) {
-        if constexpr (KIND == DOT) {
+        if constexpr (dot_like(KIND)) {
           if (ok) load_packed<T, VEC>(ft, p.dst + (int64_t)i[t] * p.ld_dst + h * F, x[t]);
           else zero_packed<T, VEC>(x[t]);
         } else {
@@ -1160,7 +1193,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
       } else if constexpr (RECOMPUTE) {
         float ev[NC][VEC];
         edge_tile<T, I, VEC>(p, ft, h, eo[t], ok, ev);
-        if constexpr (KIND == DOT) {
+        if constexpr (dot_like(KIND)) {
           float kk[NC][VEC], vv[NC][VEC];
 #pragma unroll
           for (int c = 0; c < NC; ++c)
@@ -1185,17 +1218,17 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
         const T* e = p.edge && KIND != GAT ? p.edge + ((int64_t)eo[t] * H + h) * F : nullptr;
         if constexpr (KIND != GAT)
           sp[t] += pair_part<KIND == GATV2, T, VEC>(
-              g, p.dst + (KIND == DOT ? (int64_t)i[t] * p.ld_dst + h * F : ioff), k_row, e,
+              g, p.dst + (dot_like(KIND) ? (int64_t)i[t] * p.ld_dst + h * F : ioff), k_row, e,
                                                     KIND == GATV2 ? p.att + h * F : nullptr, F,
                                                     ft.f0, ft.hi, p.slope);
-        dp[t] += pair_part<false, T, VEC>(g, p.dout + ioff, v_row, KIND == DOT ? e : nullptr,
+        dp[t] += pair_part<false, T, VEC>(g, p.dout + ioff, v_row, dot_like(KIND) ? e : nullptr,
                                           nullptr, F, ft.f0, ft.hi, 0.f);
       }
     }
     if constexpr (RECOMPUTE) {
 #pragma unroll
       for (int t = 0; t < B; ++t) {
-        if constexpr (KIND != GAT) sp[t] = g.sum(sp[t]) * (KIND == DOT ? p.scale : 1.f);
+        if constexpr (KIND != GAT) sp[t] = g.sum(sp[t]) * sc;
         dp[t] = g.sum(dp[t]);
       }
     }
@@ -1217,7 +1250,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
             p.ds[(int64_t)cp[t] * H + h] = alpha * kf * dp[t];
           gv = 0.f;
         } else if constexpr (KIND == GAT) gv = dS * dleaky(z[t], p.slope);
-        else if constexpr (KIND == DOT) gv = dS * p.scale;
+        else if constexpr (dot_like(KIND)) gv = dS * p.scale;
         else gv = dS;
         pdv = alpha * kf;
       }
@@ -1229,7 +1262,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           dv[c][k] += pdv * o[t].at(c, k);
-          if constexpr (KIND == DOT) dk[c][k] += gv * x[t].at(c, k);
+          if constexpr (dot_like(KIND)) dk[c][k] += gv * x[t].at(c, k);
           if constexpr (KIND == GATV2)
             dk[c][k] += gv * at[c][k] * dleaky(x[t].at(c, k) + vj[c][k] + ev[c][k], p.slope);
         }
@@ -1254,12 +1287,12 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
     const float* first = KIND == GATV2 ? dk[c] : dv[c];
     if (slot < 0) {
       if (vout) store_vec<T, VEC>(vout + (src * H + h) * F + f, KIND == GATV2 ? dk[c] : dv[c]);
-      if constexpr (KIND == DOT) store_vec<T, VEC>(p.d_src + (src * H + h) * F + f, dk[c]);
+      if constexpr (dot_like(KIND)) store_vec<T, VEC>(p.d_src + (src * H + h) * F + f, dk[c]);
     } else {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         p.part1[(slot * H + h) * F + f + k] = first[k];
-        if constexpr (KIND == DOT) p.part2[(slot * H + h) * F + f + k] = dk[c][k];
+        if constexpr (dot_like(KIND)) p.part2[(slot * H + h) * F + f + k] = dk[c][k];
       }
     }
   }

@@ -379,7 +379,8 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
     const bool full = F % VMAX == 0;
     const bool vec_tensors_ok =
         aligned16(fa.val) && (KIND == GAT || (aligned16(fa.dst) && aligned16(fa.src) &&
-                                              aligned16(fa.edge) && aligned16(fa.att)));
+                                              aligned16(fa.edge) &&
+                                              (dot_like(KIND) || aligned16(fa.att))));
     TORCH_CHECK(F % (VMAX / 2) == 0 && vec_tensors_ok,
                 "pyg_dfgnn: internal error: feature rows not padded/aligned to a vector");
     if (i64) {

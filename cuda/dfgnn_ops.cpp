@@ -71,6 +71,12 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
                   (f.att.dim() == 2 && f.val.dim() == 3 && f.att.size(0) == f.val.size(1) &&
                    f.att.size(1) <= f.val.size(2)),
               "pyg_dfgnn: GAT's 'att' (the output bias) must be [H, C] with C <= the value's F");
+  // dot attention's att: the key scale c [N_src, H] (keys c_j k_j), without edge features
+  TORCH_CHECK(kind != 2 || !f.att.defined() ||
+                  (f.att.dim() == 2 && f.src.dim() == 3 && f.att.size(0) == f.src.size(0) &&
+                   f.att.size(1) == f.src.size(1) && !f.edge.defined()),
+              "pyg_dfgnn: dot attention's 'att' (the key scale) must be [N_src, H], "
+              "without edge features");
   const auto dt = src.scalar_type();
   for (auto* t : {&f.dst, &f.src, &f.val, &f.edge, &f.att}) {
     if (!t->defined()) continue;
@@ -79,6 +85,7 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
     check_cuda(*t, "features", src.device(),
                kind == 2 && (t == &f.dst || t == &f.src || t == &f.val));
   }
+  if (kind == 2 && f.att.defined()) f.att = f.att.contiguous();   // (scalar loads)
   return f;
 }
 
@@ -118,6 +125,33 @@ at::Tensor unfit(const at::Tensor& t, int64_t F) {
   return (t.defined() && t.dim() > 0 && t.size(-1) != F) ? t.narrow(-1, 0, F).contiguous() : t;
 }
 
+// Dot attention's keys passed as the value tensor itself (one view of one buffer).
+bool keys_are_values(int64_t kind, const FeatArgs& f) {
+  return kind == 2 && f.val.defined() && f.src.numel() && f.src.data_ptr() == f.val.data_ptr() &&
+         f.src.sizes() == f.val.sizes() && f.src.strides() == f.val.strides();
+}
+
+// Dot attention with a key scale c (the op's att [N_src, H]: keys c_j k_j).  With
+// the keys given as the values it runs AGNN's kernels (one gather per edge,
+// c_j applied in registers); otherwise the keys are scaled here (a copy, rounded
+// to their dtype) and the dot kernels run.  Returns whether AGNN's kernels run;
+// `unscaled` gets the keys before scaling (for the key scale's gradient).
+bool key_scale_route(int64_t kind, FeatArgs& f, at::Tensor& unscaled) {
+  if (kind != 2 || !f.att.defined()) return false;
+  unscaled = f.src;
+  if (keys_are_values(kind, f)) return true;
+  f.src = (f.src.to(at::kFloat) * f.att.unsqueeze(-1)).to(f.src.scalar_type());
+  return false;
+}
+
+// The gradients of the keys and of the key scale from the kernels' d_src =
+// dK_j = sum_i g_ij q_i, the gradient of the scaled key c_j k_j:
+// d_c = <dK_j, k_j> per head, d_k = c_j dK_j.
+void key_scale_grads(const FeatArgs& f, const at::Tensor& keys, BwdOut& o) {
+  o.d_att.copy_(at::sum(o.d_src.to(at::kFloat) * keys, -1));
+  o.d_src.mul_(f.att.unsqueeze(-1));
+}
+
 // Width of the kernel's feature rows and the original one; pads in place.
 struct Layout {
   int64_t F = 0, Fp = 0;
@@ -138,7 +172,11 @@ Layout fit_features(int64_t kind, FeatArgs& f) {
     l.F = v.size(2);
     int64_t w = std::max<int64_t>(l.F, f.src.size(2));
     l.Fp = padded_width(w, dt);
-    for (auto* t : {&f.dst, &f.src, &f.val, &f.edge, &f.att}) *t = fit(*t, l.Fp);
+    // keys that are the values stay one tensor (AGNN's kernels gather it once)
+    const bool kv = keys_are_values(kind, f);
+    for (auto* t : {&f.dst, &f.src, &f.val, &f.edge}) *t = fit(*t, l.Fp);
+    if (kv) f.src = f.val;
+    if (kind == 1) f.att = fit(f.att, l.Fp);   // (dot's att is the key scale [N_src, H])
   }
   return l;
 }
@@ -169,6 +207,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, need_alpha);
   Sched s = sched_args(sched, work, merge, t_work, t_merge);
   const int64_t out_F = (kind == 0 && f.att.defined()) ? f.att.size(1) : 0;
+  at::Tensor unscaled;
+  const bool agnn = key_scale_route(kind, f, unscaled);
   const Layout lay = fit_features(kind, f);
   const at::Tensor& v = kind == 1 ? f.src : f.val;
   const int64_t Nd = rowptr.numel() - 1, H = v.size(1);
@@ -179,6 +219,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
   o.alpha = need_alpha ? at::empty({col.numel(), H}, v.options()) : at::empty({0}, v.options());
   if (kind == 0) fwd_gat(g, f, s, o);
   else if (kind == 1) fwd_gatv2(g, f, s, o);
+  else if (agnn) fwd_agnn(g, f, s, o);
   else fwd_dot(g, f, s, o);
   return {o.out, o.lse, o.alpha};
 }
@@ -202,6 +243,8 @@ std::vector<at::Tensor> attention_bwd(
                   lse.scalar_type() == at::kFloat,
               "pyg_dfgnn: lse must be float32 [2, num_dst, heads] (row max, log sum)");
   const FeatArgs orig = f;
+  at::Tensor unscaled;
+  const bool agnn = key_scale_route(kind, f, unscaled);
   const Layout lay = fit_features(kind, f);
   check_cuda(out, "out", src.device());
   check_cuda(lse, "lse", src.device());
@@ -226,7 +269,13 @@ std::vector<at::Tensor> attention_bwd(
     }
   }
   else if (kind == 1) bwd_gatv2(g, f, s, bi, o);
-  else bwd_dot(g, f, s, bi, o);
+  else if (agnn) {
+    bwd_agnn(g, f, s, bi, o);
+    key_scale_grads(f, f.src, o);
+  } else {
+    bwd_dot(g, f, s, bi, o);
+    if (f.att.defined()) key_scale_grads(f, fit(unscaled, lay.Fp), o);
+  }
   // gradients in the caller's widths (the padded columns are dropped)
   auto back = [](const at::Tensor& g, const at::Tensor& like) {
     return like.defined() && g.dim() == like.dim() ? unfit(g, like.size(-1)) : g;

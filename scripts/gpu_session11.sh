@@ -48,6 +48,7 @@ export PYTHONPATH=$ROOT PYG_DFGNN_CACHE=/tmp/dfgnn_new
 if has tests; then
   timeout ${TESTS_TIMEOUT:-300} python -m pytest -q -m cuda tests/ops/test_cuda_kernels.py \
     tests/ops/test_cuda_shapes.py tests/nn/test_fuzz.py tests/nn/test_large_logits.py tests/nn/test_glue.py \
+    tests/ops/test_key_scale.py tests/nn/test_agnn_conv.py \
     -p no:cacheprovider > "$OUT/pytest_kernels.log" 2>&1
   echo "kernel tests: $(tail -1 "$OUT/pytest_kernels.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_kernels.log" | head -8

@@ -54,5 +54,17 @@ for dtype in (torch.float32, torch.bfloat16):
             with schedule.override(split=split):
                 out, _ = ops.dot_attention(g, q, k, v, None, None, 0.3)
                 torch.autograd.grad(out, (y,), torch.randn_like(out))
+# AGNN (ops.agnn_attention): keys that are the values (one gather per edge)
+# and the key scale, at aligned, unaligned and wide (> one tile) widths
+for dtype in (torch.float32, torch.bfloat16):
+    for feat in (7, 80, 152, 256, 300):
+        ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
+        g = get_graph(ei, (60, 60))
+        x = torch.randn(60, feat, device="cuda", dtype=dtype, requires_grad=True)
+        beta = torch.ones(1, device="cuda", dtype=dtype, requires_grad=True)
+        for split in (None, 64):
+            with schedule.override(split=split):
+                out, _ = ops.agnn_attention(g, x, beta, 0.3, True)
+                torch.autograd.grad(out, (x, beta), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitizer smoke: all kernel paths ran")

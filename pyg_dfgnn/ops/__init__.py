@@ -165,8 +165,11 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
     # the CUDA kernels take dot attention's q / k / v row-strided (column blocks
     # of one projection GEMM: nn/_glue.py, fused_projections)
     rows = _rows if (kind == DOT and graph.device.type == "cuda") else _dense
+    src_r = rows(src_feat)
+    # keys that are the values stay one tensor: the kernels gather it once per edge
+    value_r = src_r if value is src_feat else rows(value)
     out, _lse, alpha = fused.attention_on(
-        kind, graph, plan, rows(dst_feat), rows(src_feat), rows(value), _dense(edge), _dense(att),
+        kind, graph, plan, rows(dst_feat), src_r, value_r, _dense(edge), _dense(att),
         *floats, seed, bool(return_alpha))
     return out, (alpha if return_alpha else None)
 
@@ -280,8 +283,8 @@ def gatv2_attention(graph: CSRGraph, x_src: Tensor, x_dst: Tensor, att: Tensor,
 
 def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                   edge: Optional[Tensor] = None, scale: Optional[float] = None,
-                  dropout: float = 0.0, return_alpha: bool = False
-                  ) -> Tuple[Tensor, Optional[Tensor]]:
+                  dropout: float = 0.0, return_alpha: bool = False,
+                  key_scale: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     r"""Graph Transformer: :math:`o_i = \sum_j \mathrm{softmax}_j(\mathrm{scale}\,
     \langle q_i, k_j + e_{ij}\rangle)\,(v_j + e_{ij})`.
 
@@ -291,10 +294,21 @@ def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     may be row-strided (each row's ``H x F`` features contiguous, rows further
     apart: column blocks of one projection GEMM's output), which the kernels
     read as they are; other layouts are copied.
+
+    ``key_scale [N_src, H]`` (optional, not with ``edge``) scales every key:
+    the scores are :math:`\mathrm{scale}\,\langle q_i, c_j k_j\rangle`; gradients
+    reach it.  Passing ``k`` and ``v`` as one tensor (``k is v``), the kernels
+    gather each source row once per edge instead of twice: AGNN's cosine
+    scores are ``q = beta * x_norm``, ``k = v = x``, ``c = 1 / |x|``
+    (:func:`agnn_attention`).
     """
     sizes = _check_inputs(graph, ("q", q, ("dst", "H", "F")), ("k", k, ("src", "H", "F")),
                           ("v", v, ("src", "H", "Fv")), ("edge", edge, ("E", "H", "F")),
-                          optional=("edge",))
+                          ("key_scale", key_scale, ("src", "H")),
+                          optional=("edge", "key_scale"))
+    if key_scale is not None and edge is not None:
+        raise ValueError("'key_scale' cannot be combined with 'edge' (edge features are "
+                         "added to the keys; scale them yourself)")
     Fd = sizes["F"]
     if edge is not None and v.size(2) != Fd:
         raise ValueError("'edge' is added to keys and values, so 'v' must have the "
@@ -302,7 +316,7 @@ def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     if scale is None:
         scale = 1.0 / math.sqrt(Fd) if Fd > 0 else 1.0
     scale = _check_float("scale", scale)
-    return _run(DOT, graph, q, k, v, edge, None, scale, 0.2, dropout, return_alpha)
+    return _run(DOT, graph, q, k, v, edge, key_scale, scale, 0.2, dropout, return_alpha)
 
 
 def agnn_attention(graph: CSRGraph, x: Tensor, beta: Tensor, dropout: float = 0.0,
@@ -312,8 +326,10 @@ def agnn_attention(graph: CSRGraph, x: Tensor, beta: Tensor, dropout: float = 0.
     for ``x [N_src, F]`` (single head; the first ``N_dst`` rows are the destination
     nodes); ``beta`` is a (learnable) one-element tensor or a float.
 
-    Runs the dot-product kernel with ``q = beta * x_norm``, ``k = x_norm`` and
-    ``v = x``, so autograd carries the gradient of ``beta`` and of the norm.
+    Runs the dot-product kernel with ``q = beta * x_norm``, ``k = v = x`` and
+    the key scale ``c = 1 / max(|x|, eps)`` (so ``c_j k_j = x_norm_j``): each
+    edge gathers one row of ``x``, not ``x_norm_j`` and ``x_j``.  Autograd
+    carries the gradient of ``beta`` and of the norm.
     """
     _check_inputs(graph, ("x", x, ("src", "F")))
     if graph.num_dst > graph.num_src:
@@ -328,10 +344,12 @@ def agnn_attention(graph: CSRGraph, x: Tensor, beta: Tensor, dropout: float = 0.
                          f"{type(beta).__name__}"
                          + (f" of shape {list(beta.shape)}" if isinstance(beta, Tensor) else ""))
     eps = _check_float("eps", eps)
-    xn = torch.nn.functional.normalize(x, p=2.0, dim=-1, eps=eps)
-    q = (xn * beta.reshape(()).to(xn.device, xn.dtype)).unsqueeze(1)
-    if graph.num_dst != x.size(0):
-        q = q[:graph.num_dst]
-    out, alpha = dot_attention(graph, q, xn.unsqueeze(1), x.unsqueeze(1), None, 1.0,
-                               dropout, return_alpha)
+    # c = 1 / max(|x|, eps) as F.normalize divides; (x c) q-side, c key-side
+    c = x.norm(p=2.0, dim=-1, keepdim=True).clamp_min(eps).reciprocal()
+    xd = x[:graph.num_dst] if graph.num_dst != x.size(0) else x
+    cd = c[:graph.num_dst] if graph.num_dst != x.size(0) else c
+    q = (xd * (cd * beta.reshape(()).to(x.device, x.dtype))).unsqueeze(1)
+    x3 = x.unsqueeze(1)
+    out, alpha = dot_attention(graph, q, x3, x3, None, 1.0, dropout, return_alpha,
+                               key_scale=c)
     return out.squeeze(1), alpha

@@ -127,7 +127,10 @@ def attention_fwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
     (``t_*``) is unused here but saved for backward.  ``att`` is GATv2's
     attention vector ``[H, F]``; for GAT it is an optional output bias
     ``[H, C]`` added in the epilogue (its gradient: the column sum of
-    ``grad_out``), and ``out`` has its ``C <= F`` features per head."""
+    ``grad_out``), and ``out`` has its ``C <= F`` features per head; for dot
+    attention an optional key scale ``c [N_src, H]``: the keys are ``c_j k_j``
+    (AGNN's ``k = v = x``, ``c = 1 / |x|``: keys that are the values are
+    gathered once per edge)."""
     return ref.attention_forward(kind, rowptr, col, perm, dst_feat, src_feat, value, edge,
                                  att, scale, negative_slope, dropout_p, _seed_int(seed),
                                  need_alpha)

@@ -22,7 +22,10 @@ with the score per model kind:
 * ``GATV2``: :math:`s = \langle a, \mathrm{LeakyReLU}(x^{src}_j + x^{dst}_i [+ x^{edge}_{ij}])\rangle`
   (``[.., H, F]`` features, ``att [H, F]``; the value is ``src_feat``);
 * ``DOT``:   :math:`s = \mathrm{scale}\,\langle q_i, k_j [+ e_{ij}]\rangle`, value
-  :math:`v_j [+ e_{ij}]` (Graph Transformer; AGNN passes ``q = beta * x_norm``).
+  :math:`v_j [+ e_{ij}]` (Graph Transformer).  Its ``att [N_src, H]``, when
+  given, is a key scale :math:`c`: the keys are :math:`c_j k_j` (no edge
+  features).  AGNN passes ``q = beta * x_norm``, ``k = v = x`` and
+  :math:`c_j = 1 / \max(\lVert x_j \rVert, \epsilon)`, so that each edge reads one row.
 
 The forward saves only ``out`` and the row statistics ``lse [2, N_dst, H]``
 (``lse[0]`` = :math:`m_i`, ``-inf`` for a row without edges; ``lse[1]`` =
@@ -135,6 +138,8 @@ def _scores(kind: int, rows: Tensor, col: Tensor, dst_feat: Tensor, src_feat: Te
             z = z + edge_c
         return (F.leaky_relu(z, negative_slope) * att).sum(-1), z
     k = src_feat[col]
+    if att is not None:   # the key scale c [N_src, H]
+        k = k * att[col].unsqueeze(-1)
     if edge_c is not None:
         k = k + edge_c
     return (dst_feat[rows] * k).sum(-1) * scale, k
@@ -269,6 +274,9 @@ def attention_backward(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Te
         d_dst = _seg_sum(g * aux, rows, nd)
         dk = g * dst_f[rows]
         d_src = _seg_sum(dk, col_l, ns)
+        if att is not None:   # d_src is the scaled key's gradient: keys c_j k_j
+            d_att = (d_src * src_f).sum(-1)
+            d_src = d_src * att_f.unsqueeze(-1)
         d_value = _seg_sum(d_v_edge, col_l, ns) if value is not None else empty()
         d_edge = _edge_orig(dk + d_v_edge, used, E_all) if edge is not None else empty()
 
@@ -285,7 +293,8 @@ def naive_attention(kind: int, edge_index: Tensor, num_dst: int, dst_feat: Tenso
     """Gather + PyG softmax + scatter on an unsorted ``edge_index`` (autograd
     gives the gradients).  The independent oracle of the tests and the "native
     PyG" contender of the benchmarks.  ``keep`` is a pre-scaled dropout
-    multiplier ``[E, H]`` in edge order.  GAT's ``att`` is the output bias."""
+    multiplier ``[E, H]`` in edge order.  GAT's ``att`` is the output bias, dot
+    attention's the key scale."""
     from torch_geometric.utils import softmax
     src, dst = edge_index[0], edge_index[1]
     if kind == GAT:
@@ -298,7 +307,8 @@ def naive_attention(kind: int, edge_index: Tensor, num_dst: int, dst_feat: Tenso
         s = (F.leaky_relu(z, negative_slope) * att).sum(-1)
         vj = src_feat[src]
     else:
-        k = src_feat[src] + (edge if edge is not None else 0)
+        k = src_feat[src] * (att[src].unsqueeze(-1) if att is not None else 1)
+        k = k + (edge if edge is not None else 0)
         s = (dst_feat[dst] * k).sum(-1) * scale
         vj = value[src] + (edge if edge is not None else 0)
     alpha = softmax(s, dst, num_nodes=num_dst)

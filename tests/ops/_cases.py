@@ -8,20 +8,24 @@ from pyg_dfgnn.ops import DOT, GAT, GATV2
 
 class _Kind(int):
     """An op kind (equal to the plain constant) with test options: ``bias``
-    gives GAT an output bias ``[H, F]``, which the op takes as its ``att``."""
+    gives GAT an output bias ``[H, F]``, ``key_scale`` dot attention a key
+    scale ``[N_src, H]`` (keys ``c_j k_j``, no edge features); the op takes
+    either as its ``att``."""
 
     bias = False
+    key_scale = False
 
 
-def _biased(kind: int) -> _Kind:
+def _with(kind: int, option: str) -> _Kind:
     k = _Kind(kind)
-    k.bias = True
+    setattr(k, option, True)
     return k
 
 
 #: the kinds the op tests run; "gat_bias" is GAT with the layer's bias folded
-#: into the kernel's epilogue
-KINDS = {"gat": GAT, "gat_bias": _biased(GAT), "gatv2": GATV2, "dot": DOT}
+#: into the kernel's epilogue, "dot_kscale" dot attention with a key scale
+KINDS = {"gat": GAT, "gat_bias": _with(GAT, "bias"), "gatv2": GATV2, "dot": DOT,
+         "dot_kscale": _with(DOT, "key_scale")}
 
 
 def random_graph(num_src, num_dst, num_edges, device="cpu", self_loops=True, dups=True,
@@ -58,6 +62,10 @@ def make_inputs(kind, num_src, num_dst, num_edges, heads, feat, dtype, device, e
     if kind == GATV2:
         return dict(dst=r(num_dst, heads, feat), src=r(num_src, heads, feat), val=None,
                     edge=r(num_edges, heads, feat) if edge else None, att=r(heads, feat))
+    if getattr(kind, "key_scale", False):   # positive, as AGNN's 1 / |x|
+        return dict(dst=r(num_dst, heads, feat), src=r(num_src, heads, feat),
+                    val=r(num_src, heads, feat), edge=None,
+                    att=(r(num_src, heads).abs() + 0.25).to(dtype))
     return dict(dst=r(num_dst, heads, feat), src=r(num_src, heads, feat),
                 val=r(num_src, heads, feat), edge=r(num_edges, heads, feat) if edge else None,
                 att=None)
@@ -72,7 +80,7 @@ def call(kind, graph, inp, dropout=0.0, return_alpha=False, scale=None):
         return ops.gatv2_attention(graph, inp["src"], inp["dst"], inp["att"], inp["edge"],
                                    0.2, dropout, return_alpha)
     return ops.dot_attention(graph, inp["dst"], inp["src"], inp["val"], inp["edge"], scale,
-                             dropout, return_alpha)
+                             dropout, return_alpha, key_scale=inp["att"])
 
 
 def op_args(kind, graph, inp, dropout=0.0, seed=None, need_alpha=False, scale=0.5):

@@ -85,6 +85,8 @@ def _scores64(kind, g, inp, scale, slope=0.2):
         z = x["src"][col] + x["dst"][rows] + (e if e is not None else 0)
         return (torch.nn.functional.leaky_relu(z, slope) * x["att"]).sum(-1)
     k = x["src"][col] + (e if e is not None else 0)
+    if getattr(kind, "key_scale", False):   # keys c_j k_j
+        k = k * x["att"][col].unsqueeze(-1)
     return (x["dst"][rows] * k).sum(-1) * scale
 
 

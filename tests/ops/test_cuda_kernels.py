@@ -162,6 +162,11 @@ def test_backward_modes_agree(kind, feat, dtype, dropout, split, monkeypatch):
         if delta_err is not None:   # GAT's stored mode: the exact Delta (see below),
             # and one rounding to dtype of the stored gradient
             tol = tol + delta_err[n] + _unit(dtype) * b.abs().max().item()
+        elif getattr(k, "key_scale", False):
+            # the kernels' dK is stored in dtype, then scaled by c (d_k = c dK) and
+            # summed against k (d_c): a difference of the two modes' fp32 dK can
+            # flip that intermediate rounding
+            tol = tol + 2 * _unit(dtype) * b.abs().max().item()
         torch.testing.assert_close(a, b, rtol=0, atol=tol)
 
 

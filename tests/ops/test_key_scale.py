@@ -1,0 +1,188 @@
+"""Dot attention with a key scale (``ops.dot_attention(..., key_scale=c)``:
+keys ``c_j k_j``) and keys that are the values (``k is v``: the CUDA kernels
+gather each source row once per edge), and AGNN, which uses both
+(``q = beta * x_norm``, ``k = v = x``, ``c = 1 / max(|x|, eps)``).
+
+Every comparison draws fresh random inputs and measures errors against a
+float64 computation of the same formula.  Half precision follows the
+FlashAttention rule: our error must be within a small multiple of the error of
+PyTorch's own composition at the same precision (gather, PyG's ``softmax``,
+scatter) plus a few unit roundoffs.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.utils import scatter, softmax
+
+from pyg_dfgnn import ops, schedule
+from pyg_dfgnn.graph import get_graph
+from pyg_dfgnn.ops import fused
+from _cases import random_graph
+
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+#: (heads, F): AGNN's single head at the widths of the bench shapes (4 x 64,
+#: 8 x 10, 8 x 19 as one head), multi-head keys, a width with no 16-byte
+#: vector and one wider than a launch column's tile (the `wide` path)
+SHAPES = [(1, 256), (1, 80), (1, 152), (4, 64), (8, 10), (8, 19), (3, 5), (2, 300)]
+
+
+def _unit(dtype):
+    return {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8,
+            torch.float16: 2.0 ** -11, torch.float64: 2.0 ** -53}[dtype]
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values (unwritten output or overflow)"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _naive_dot(ei, n, q, k, v, c, scale):
+    """Gather, PyG softmax and scatter in the inputs' dtype (float64: the
+    reference); keys c_j k_j."""
+    src, dst = ei[0], ei[1]
+    s = (q[dst] * (k[src] * c[src].unsqueeze(-1))).sum(-1) * scale
+    alpha = softmax(s, dst, num_nodes=n)
+    return scatter(alpha.unsqueeze(-1) * v[src], dst, 0, n, reduce="sum")
+
+
+def _check_rule(ours, theirs, names, dtype):
+    u = _unit(dtype)
+    bad = {nm: (a, b) for nm, a, b in zip(names, ours, theirs) if not a <= 4 * b + 8 * u}
+    assert not bad, f"ours vs PyTorch-in-{dtype} relative errors: {bad}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16]
+                         + ([torch.float16] if CUDA else []))
+@pytest.mark.parametrize("heads,F", SHAPES)
+@pytest.mark.parametrize("kv", [True, False])
+@pytest.mark.parametrize("split,mode", [(None, "store"), (16, "store"), (16, "recompute")])
+def test_against_float64(device, dtype, heads, F, kv, split, mode):
+    """Output and the gradients of q, k, v (one tensor when ``kv``) and the key
+    scale against float64, by the FlashAttention rule; split rows (a super
+    node) and both backward modes (the recomputing column pass scales its own
+    key)."""
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("fp16 runs the reference on CPU")
+    n = 90
+    gen = torch.Generator().manual_seed(heads * 1000 + F * 10 + kv)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+    ei = random_graph(n, n, 700, super_node=(250, 5), generator=gen).to(device)
+    q, k, v = r(n, heads, F), r(n, heads, F), r(n, heads, F)
+    c = r(n, heads).abs() + 0.2          # (AGNN's are 1 / |x|)
+    scale = 0.3
+    names = ["out", "d_q", "d_kv", "d_c"] if kv else ["out", "d_q", "d_k", "d_v", "d_c"]
+
+    def leaves(dt):
+        ls = [t.to(device, dt).requires_grad_(True) for t in ((q, k, c) if kv else (q, k, v, c))]
+        return ls
+
+    def unpack(ls):
+        return (ls[0], ls[1], ls[1], ls[2]) if kv else tuple(ls)
+    gout = r(n, heads, F).to(device)
+    ours_l = leaves(dtype)
+    oq, ok, ov, oc = unpack(ours_l)
+    g = get_graph(ei, (n, n))
+    with schedule.override(split=split), fused.backward_mode(mode):
+        out, _ = ops.dot_attention(g, oq, ok, ov, scale=scale, key_scale=oc)
+        assert out.shape == (n, heads, F) and out.dtype == dtype
+        grads = torch.autograd.grad(out, ours_l, gout.to(dtype))
+    for a, t in zip(grads, ours_l):
+        assert a.dtype == t.dtype and a.shape == t.shape
+    ref_l = leaves(torch.float64)
+    ref = _naive_dot(ei, n, *unpack(ref_l), scale)
+    ref_grads = torch.autograd.grad(ref, ref_l, gout)
+    base_l = leaves(dtype)
+    base = _naive_dot(ei, n, *unpack(base_l), scale)
+    base_grads = torch.autograd.grad(base, base_l, gout.to(dtype))
+    ours = [_rel(out, ref)] + [_rel(a, b) for a, b in zip(grads, ref_grads)]
+    theirs = [_rel(base, ref)] + [_rel(a, b) for a, b in zip(base_grads, ref_grads)]
+    _check_rule(ours, theirs, names, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kv_equals_two_tensors(device):
+    """Keys passed as the value tensor itself give what a copy of it gives
+    (the one-gather path against the two-gather one), forward and backward,
+    to a few roundings."""
+    n = 90
+    gen = torch.Generator().manual_seed(5)
+    ei = random_graph(n, n, 700, super_node=(250, 5), generator=gen).to(device)
+    q = torch.randn(n, 4, 16, generator=gen).to(device).requires_grad_(True)
+    x = torch.randn(n, 4, 16, generator=gen).to(device).requires_grad_(True)
+    c = (torch.rand(n, 4, generator=gen) + 0.5).to(device).requires_grad_(True)
+    g = get_graph(ei, (n, n))
+    out1, _ = ops.dot_attention(g, q, x, x, key_scale=c)
+    out2, _ = ops.dot_attention(g, q, x.clone(), x, key_scale=c)
+    gout = torch.randn(out1.shape, generator=gen).to(device)
+    g1 = torch.autograd.grad(out1, (q, x, c), gout)
+    g2 = torch.autograd.grad(out2, (q, x, c), gout)
+    for a, b in [(out1, out2)] + list(zip(g1, g2)):
+        tol = 64 * _unit(torch.float32) * float(b.detach().abs().max())
+        torch.testing.assert_close(a, b, rtol=0, atol=tol)
+
+
+def _pyg_agnn(ei, x, beta, eps=1e-12):
+    """PyG's AGNNConv propagation (normalize, cosine scores, softmax, scatter)."""
+    n = x.size(0)
+    xn = F.normalize(x, p=2.0, dim=-1, eps=eps)
+    src, dst = ei[0], ei[1]
+    s = beta * (xn[dst] * xn[src]).sum(-1)
+    alpha = softmax(s, dst, num_nodes=n)
+    return scatter(alpha.unsqueeze(-1) * x[src], dst, 0, n, reduce="sum")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16]
+                         + ([torch.float16] if CUDA else []))
+@pytest.mark.parametrize("F", [256, 80, 152, 7])
+@pytest.mark.parametrize("split", [None, 16])
+def test_agnn_against_float64(device, dtype, F, split):
+    """``ops.agnn_attention`` (one gather per edge) against PyG's AGNN
+    formula in float64, gradients of x and beta included, by the
+    FlashAttention rule; a zero row (the norm's eps) included."""
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("fp16 runs the reference on CPU")
+    n = 90
+    gen = torch.Generator().manual_seed(F)
+    ei = random_graph(n, n, 700, super_node=(250, 5), generator=gen).to(device)
+    x = torch.randn(n, F, generator=gen, dtype=torch.float64)
+    x[3] = 0.0
+    beta = torch.tensor([1.7], dtype=torch.float64)
+    gout = torch.randn(n, F, generator=gen, dtype=torch.float64).to(device)
+    g = get_graph(ei, (n, n))
+
+    def leaves(dt):
+        return [x.to(device, dt).requires_grad_(True), beta.to(device, dt).requires_grad_(True)]
+    ours_l = leaves(dtype)
+    with schedule.override(split=split):
+        out, _ = ops.agnn_attention(g, ours_l[0], ours_l[1])
+        grads = torch.autograd.grad(out, ours_l, gout.to(dtype))
+    ref_l = leaves(torch.float64)
+    ref = _pyg_agnn(ei, *ref_l)
+    ref_grads = torch.autograd.grad(ref, ref_l, gout)
+    base_l = leaves(dtype)
+    base = _pyg_agnn(ei, *base_l)
+    base_grads = torch.autograd.grad(base, base_l, gout.to(dtype))
+    ours = [_rel(out, ref)] + [_rel(a, b) for a, b in zip(grads, ref_grads)]
+    theirs = [_rel(base, ref)] + [_rel(a, b) for a, b in zip(base_grads, ref_grads)]
+    _check_rule(ours, theirs, ["out", "d_x", "d_beta"], dtype)
+
+
+def test_bad_key_scale_names_the_argument():
+    n = 20
+    g = get_graph(random_graph(n, n, 60), (n, n))
+    x = torch.randn(n, 2, 8)
+    with pytest.raises(ValueError, match="'key_scale'"):
+        ops.dot_attention(g, x, x, x, key_scale=torch.rand(n, 3))
+    with pytest.raises(ValueError, match="'key_scale' has 19 rows"):
+        ops.dot_attention(g, x, x, x, key_scale=torch.rand(19, 2))
+    with pytest.raises(ValueError, match="'key_scale' has dtype"):
+        ops.dot_attention(g, x, x, x, key_scale=torch.rand(n, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="'key_scale' cannot be combined with 'edge'"):
+        ops.dot_attention(g, x, x, x, edge=torch.randn(g.num_edges, 2, 8),
+                          key_scale=torch.rand(n, 2))
