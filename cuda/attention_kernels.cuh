@@ -181,6 +181,22 @@ __device__ __forceinline__ float philox_uniform(uint64_t seed, uint64_t counter)
   return (float)(c0 >> 8) * (1.0f / 16777216.0f);
 }
 
+// Stored-mode backward of bf16 inputs: the row pass hands the column pass g
+// and pd = alpha~ per (edge, head) as two bf16 halves of one 32-bit word
+// (p.ds), not two fp32 arrays: half the per-edge memory of the backward (E x H
+// x 4 bytes instead of 8) and of its traffic.  The rounding is of the bf16
+// inputs' order (each term of the column pass's sums carries a relative 2^-9,
+// where PyTorch's bf16 composition rounds alpha and its products to bf16 too);
+// fp16 keeps fp32 pairs (its 2^-11 is finer, and fp16's range would flush small
+// g).  GAT's single-gather backward keeps its fp32 array (its Delta sums the
+// stored terms).
+template <typename T> constexpr bool kPackedEdges = std::is_same<T, c10::BFloat16>::value;
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return (uint32_t)c10::BFloat16(lo).x | ((uint32_t)c10::BFloat16(hi).x << 16);
+}
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
 // ------------------------------------------------------------- lane groups
 struct Group {
   int G;          // lanes per (item, head)
@@ -227,6 +243,7 @@ struct Params {
   // backward
   const T* dout; const T* o; const float* lse_in; const float* lse_l_in;
   float* ds; float* pd;                // per edge [E, H] (CSR order), stored mode
+                                       // (bf16 inputs: one array of bf16 pairs: kPackedEdges)
   float* delta;                        // Delta_i the row pass used [N, H], recompute mode
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
   float *part1, *part2;                // partial sums of split items
@@ -990,8 +1007,13 @@ __global__ void __launch_bounds__(kThreads, kRowBlocks<KIND, T>) bwd_row_kernel(
       const float pdv = alpha * kf;
       if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
         if (p.ds) {  // stored mode (see the column pass)
-          p.ds[(b.base + t) * p.H + h] = gv;
-          p.pd[(b.base + t) * p.H + h] = pdv;
+          const int64_t eh = (b.base + t) * p.H + h;
+          if constexpr (kPackedEdges<T>) {
+            reinterpret_cast<uint32_t*>(p.ds)[eh] = pack_bf16x2(gv, pdv);
+          } else {
+            p.ds[eh] = gv;
+            p.pd[eh] = pdv;
+          }
         }
         if (KIND == GAT && p.d_edge) p.d_edge[b.eo[t] * p.H + h] = from_f<T>(gv);
       }
@@ -1147,8 +1169,15 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
     for (int t = 0; t < B; ++t) {
       const bool ok = t < n;
       if constexpr (!RECOMPUTE) {
-        gs[t] = ok ? p.ds[(int64_t)cp[t] * H + h] : 0.f;
-        ps[t] = ok ? p.pd[(int64_t)cp[t] * H + h] : 0.f;
+        const int64_t eh = (int64_t)cp[t] * H + h;
+        if constexpr (kPackedEdges<T>) {
+          const uint32_t w = ok ? reinterpret_cast<const uint32_t*>(p.ds)[eh] : 0u;
+          gs[t] = bf16_lo(w);
+          ps[t] = bf16_hi(w);
+        } else {
+          gs[t] = ok ? p.ds[eh] : 0.f;
+          ps[t] = ok ? p.pd[eh] : 0.f;
+        }
         continue;
       }
       const int64_t ih = (int64_t)i[t] * H + h;

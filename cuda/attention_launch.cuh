@@ -267,7 +267,8 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   // bwd_gat_single_gather; the other kinds two (g and pd)
   constexpr bool kSingle = KIND == GAT;
   const bool gat_single = kSingle && p.H <= 32;
-  const bool recompute = E > 0 && recompute_backward(E * p.H * (gat_single ? 4 : 8));
+  const bool recompute =
+      E > 0 && recompute_backward(E * p.H * (gat_single || kPackedEdges<T> ? 4 : 8));
   at::Tensor delta, ds, pd;
   p.d_dst = mptr<T>(o.d_dst); p.d_src = mptr<T>(o.d_src); p.d_val = mptr<T>(o.d_val);
   p.d_edge = mptr<T>(o.d_edge);
@@ -295,10 +296,15 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     delta = at::empty({std::max<int64_t>(Nd, 1), p.H}, fo);
     p.delta = delta.data_ptr<float>();
   } else {
-    ds = at::empty({E, p.H}, fo);
-    pd = at::empty({E, p.H}, fo);
-    p.ds = mptr<float>(ds);
-    p.pd = mptr<float>(pd);
+    if constexpr (kPackedEdges<T>) {   // one array of (g, pd) bf16 pairs
+      ds = at::empty({E, p.H}, fo.dtype(at::kInt));
+      p.ds = reinterpret_cast<float*>(ds.data_ptr<int32_t>());
+    } else {
+      ds = at::empty({E, p.H}, fo);
+      pd = at::empty({E, p.H}, fo);
+      p.ds = mptr<float>(ds);
+      p.pd = mptr<float>(pd);
+    }
   }
   const int64_t featF = KIND == GAT ? 1 : p.F;   // width of d_dst / d_src rows
 

@@ -157,6 +157,12 @@ def test_backward_modes_agree(kind, feat, dtype, dropout, split, monkeypatch):
     delta_err = (_gat_delta_bounds(k, g, inp, gout, dropout, feat, dtype) if k == R.GAT
                  else None)
     for n, (a, b) in enumerate(zip(grads["store"], grads["recompute"])):
+        if dtype == torch.bfloat16 and k != R.GAT:
+            # bf16's stored mode hands g and alpha~ over as bf16 pairs
+            # (kPackedEdges), so the modes agree to the accuracy each has
+            # against float64 (check() above): the triangle inequality of it
+            assert rel(a, b) <= 2 * TOL[dtype], (n, rel(a, b))
+            continue
         # 16 fp32 unit roundoffs of the largest gradient (then stored in dtype)
         tol = 16 * 2.0 ** -24 * b.abs().max().item()
         if delta_err is not None:   # GAT's stored mode: the exact Delta (see below),
