@@ -91,10 +91,19 @@ constexpr int blocks_for(bool is_half, int half_forced, int half_dflt, int force
 // spills); measured on an H100 (session 11): fp32 forward -1 to -12 %, row pass
 // -17 to -23 %.  Dot and GATv2 in fp32 were 10-40 % slower with 4 / 3 blocks
 // on a 100k-node graph (spills) and keep 3 / 2.
+// AGNN's (tuning: 0 = dot attention's)
+#ifndef DFGNN_AGNN_FWD_BLOCKS
+#define DFGNN_AGNN_FWD_BLOCKS 0
+#endif
+#ifndef DFGNN_AGNN_ROW_BLOCKS
+#define DFGNN_AGNN_ROW_BLOCKS 0
+#endif
 template <int KIND, typename T> constexpr int kFwdBlocks =
+    KIND == AGNN && DFGNN_AGNN_FWD_BLOCKS ? DFGNN_AGNN_FWD_BLOCKS :
     blocks_for(sizeof(T) == 2, DFGNN_HALF_FWD_BLOCKS, KIND == GATV2 ? 3 : 4, DFGNN_FWD_BLOCKS,
                KIND == GAT ? 4 : 3);
 template <int KIND, typename T> constexpr int kRowBlocks =
+    KIND == AGNN && DFGNN_AGNN_ROW_BLOCKS ? DFGNN_AGNN_ROW_BLOCKS :
     blocks_for(sizeof(T) == 2, DFGNN_HALF_ROW_BLOCKS, KIND == GATV2 ? 2 : 3, DFGNN_ROW_BLOCKS,
                KIND == GAT ? 3 : 2);
 // Column-pass modes (bwd_col_kernel's MODE): read g and pd per edge (stored),
@@ -469,8 +478,17 @@ __device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
 #ifndef DFGNN_HALF_BATCH
 #define DFGNN_HALF_BATCH 2
 #endif
+// AGNN gathers one row per edge where dot attention gathers two (key and
+// value); ncu on an H200 (session 15) put its forward at 31 % of DRAM
+// bandwidth against the Transformer's 64 %, but more edges per batch did not
+// help: 3 edges +1-3 % kernel time, 4 edges at 2 resident blocks +25-50 %
+// (forward).  DFGNN_AGNN_BATCH / DFGNN_AGNN_*_BLOCKS stay tunables (defaults:
+// dot attention's).
+#ifndef DFGNN_AGNN_BATCH
+#define DFGNN_AGNN_BATCH 2
+#endif
 template <int KIND, typename T> constexpr int kBatch =
-    sizeof(T) == 2 ? DFGNN_HALF_BATCH : DFGNN_BATCH;
+    KIND == AGNN ? DFGNN_AGNN_BATCH : (sizeof(T) == 2 ? DFGNN_HALF_BATCH : DFGNN_BATCH);
 // Edges per batch of the column pass, which gathers two rows per edge (dO_i
 // and q_i / x_dst_i) except for GAT (dO_i only).  Recomputing alpha and dS
 // holds more per edge: 4 edges spilled 232-340 B for dot (ptxas); GATv2's z
