@@ -50,8 +50,11 @@ LAYER_CONSTANTS = {
 #: k_node of the fused layers where it differs: GAT's bias is added in the
 #: kernel's epilogue (pyg_dfgnn.nn.GATConv), so its output is the op's own
 #: saved output, one [N, D] tensor fewer (under autocast the bias is added
-#: outside and the estimate is one [N, D] tensor low per layer)
-FUSED_K_NODE = {"gat": 3}
+#: outside and the estimate is one [N, D] tensor low per layer); AGNN's op
+#: takes x as keys and values with a per-node key scale (ops.agnn_attention), so
+#: it keeps x, q and its output but no x_norm (measured: ~2.5 [N, D] tensors
+#: per layer, tests/train/test_sampled_memory.py)
+FUSED_K_NODE = {"gat": 3, "agnn": 3}
 
 
 def format_bytes(n: float) -> str:

@@ -11,7 +11,8 @@ from pyg_dfgnn import graph as G
 from pyg_dfgnn.data import GraphBatcher, GraphBatchLoader, prepare_graph
 from pyg_dfgnn.data.sbm import generate_split
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+#: cuda: marked, so `pytest -m cuda` runs it on a GPU machine (skipped without one)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def _graphs(num=12, loops=False, seed=0, edge_attr=False):

@@ -9,7 +9,8 @@ from pyg_dfgnn import ops, schedule
 from pyg_dfgnn.graph import get_graph
 from _cases import random_graph
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+#: cuda: marked, so `pytest -m cuda` runs it on a GPU machine (skipped without one)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def _inputs(device, dtype, heads, C, pad, seed):
@@ -48,10 +49,19 @@ def test_narrow_bias_equals_the_unpadded_call(device, dtype, heads, C, pad, spli
         g2 = torch.autograd.grad(o2, (xp, a_s, a_d, b), gout)
     assert o2.shape == (nd, heads, C) and o2.is_contiguous()
     # one kernel build, same sums (zeros added): equal up to the order of the
-    # padded width's vector lanes, i.e. a few roundings of the largest term
+    # padded width's vector lanes (float64 on CUDA: the reference's atomic
+    # scatter-adds, whose order varies between calls), i.e. a few roundings of
+    # the largest term.  The logits' gradients sum g_ij = dS_ij LeakyReLU'
+    # terms that cancel (each row's dS sum to 0), so their terms are bounded
+    # instead of the result: |dS_ij| <= 2 alpha_ij max|dP|, |dP| <= |dO_i| |x_j|,
+    # and a source's alpha_ij add up to at most its out-degree.
     u = torch.finfo(dtype).eps
-    for a, c in [(o1, o2)] + list(zip(g1, (g2[0][..., :C],) + g2[1:])):
-        torch.testing.assert_close(a, c, rtol=0, atol=8 * u * float(a.abs().max()) + 1e-30)
+    dp_max = float(gout.double().norm(dim=-1).max() * x.detach().double().norm(dim=-1).max())
+    out_deg = int(torch.bincount(ei[0], minlength=ns).max())
+    logit_terms = 2 * dp_max * max(out_deg, 1)
+    for n, (a, c) in enumerate([(o1, o2)] + list(zip(g1, (g2[0][..., :C],) + g2[1:]))):
+        scale = float(a.abs().max()) if n not in (2, 3) else logit_terms
+        torch.testing.assert_close(a, c, rtol=0, atol=8 * u * scale + 1e-30)
     # a destination without edges gets the bias
     empty = g.rowptr.diff() == 0
     assert empty.any() and (o2[empty] == b).all()

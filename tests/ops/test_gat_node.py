@@ -18,7 +18,8 @@ from pyg_dfgnn.ops import fused
 from _cases import random_graph
 
 CUDA = torch.cuda.is_available()
-DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+#: cuda: marked, so `pytest -m cuda` runs it on a GPU machine (skipped without one)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 DTYPES = [torch.float32, torch.bfloat16]
 #: (heads, C, pad): the shapes people train with (issue 11), a padded head
 #: width (the layer projects 8 x 19 / 8 x 10 into 20 / 12 on GPU-bound calls),

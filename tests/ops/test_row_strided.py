@@ -10,7 +10,8 @@ from pyg_dfgnn import ops
 from pyg_dfgnn.graph import get_graph
 from _cases import random_graph
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+#: cuda: marked, so `pytest -m cuda` runs it on a GPU machine (skipped without one)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
