@@ -55,7 +55,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(line)
 
 
+def _on_cuda_device(item) -> bool:
+    """A test parametrised with ``device="cuda"`` (or ``"cuda:N"``)."""
+    callspec = getattr(item, "callspec", None)
+    dev = callspec.params.get("device") if callspec is not None else None
+    return isinstance(dev, str) and dev.split(":")[0] == "cuda"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # A test run on device "cuda" is a CUDA test whether or not its author
+    # marked it: `pytest -m cuda` selects by marker, and device-parametrised
+    # CUDA cases without one were silently deselected on GPU machines
+    # (session 15).  (Run before the -m deselection: tryfirst.)
+    for item in items:
+        if _on_cuda_device(item) and item.get_closest_marker("cuda") is None:
+            item.add_marker(pytest.mark.cuda)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

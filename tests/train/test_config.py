@@ -215,10 +215,10 @@ def test_yaml_merge_keys_are_not_duplicates(tmp_path):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
-@pytest.mark.parametrize("device", ["cuda", "cuda:1"], ids=["plain", "index"])  # (an id
-# "cuda" would be skipped by tests/conftest.py as a CUDA-only test)
-def test_device_cuda_without_cuda_exits_2_before_loading(tmp_path, tiny_args, capsys, device):
-    _expect_config_error(capsys, tiny_args(f"device={device}"), "device", "CUDA is not available",
+@pytest.mark.parametrize("requested", ["cuda", "cuda:1"], ids=["plain", "index"])  # (an id
+# "cuda", or a parameter named device, would make it a CUDA-only test: tests/conftest.py)
+def test_device_cuda_without_cuda_exits_2_before_loading(tmp_path, tiny_args, capsys, requested):
+    _expect_config_error(capsys, tiny_args(f"device={requested}"), "device", "CUDA is not available",
                          data_root=tmp_path / "data")
     assert not (tmp_path / "run").exists()
 
