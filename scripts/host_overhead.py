@@ -248,6 +248,13 @@ def floors(convs, x, ei):
         return out.view(-1, H * C) + gt.lin_skip(x)
 
     def f_agnn():
+        from pyg_dfgnn import ops
+        if "key_scale" in ops.dot_attention.__code__.co_varnames:   # (session 15)
+            # keys = values = x, key scale 1 / |x| (ops.agnn_attention)
+            c = x.norm(p=2.0, dim=-1, keepdim=True).clamp_min(1e-12).reciprocal()
+            q = (x * (c * agnn.beta)).unsqueeze(1)
+            x3 = x.unsqueeze(1)
+            return op(g, DOT, q, x3, x3, c, 1.0, 0.0).squeeze(1)
         xn = F.normalize(x, p=2.0, dim=-1)
         q = (xn * agnn.beta).unsqueeze(1)
         return op(g, DOT, q, xn.unsqueeze(1), x.unsqueeze(1), None, 1.0, 0.0).squeeze(1)
