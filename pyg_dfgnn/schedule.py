@@ -6,8 +6,13 @@ are one item each; a *super row* whose degree exceeds ``split`` edges is cut
 into segments of ``split`` edges that many groups process in parallel, each
 writing a partial (max, sum, accumulator) that a light second pass merges
 (DF-GNN's parallelism-maximisation fusion, split-K style).  Segments are
-placed first so that the longest items start first.  Graphs without super
-rows get no work list at all (the kernel walks ``rowptr`` directly).
+placed first so that the longest items start first.  On a *skewed* CSR (a
+row longer than :data:`MIN_SPLIT` edges and :data:`SKEW_FACTOR` times the mean
+degree: power-law graphs) the ordinary rows follow in descending degree, so
+the rows that share a thread block have about the same length and the
+longest start first (a block retires with its longest row; in row order a
+power-law graph's blocks idle most of their lanes).  Other graphs get no work
+list at all (the kernel walks ``rowptr`` directly).
 
 Level 2 (row): inside an item, a *group* of ``group`` lanes (1..32) owns one
 (row, head): a small feature size packs several rows into one warp (DF-GNN's
@@ -45,6 +50,15 @@ def chunks_for(vec: int) -> int:
     return 1 if vec >= 8 else CHUNKS
 MIN_SPLIT = 256
 MAX_SPLIT = 8192
+#: a CSR is *skewed* (its work items are ordered by descending degree) when its
+#: longest row has more than :data:`MIN_SPLIT` edges and more than this many
+#: times the mean degree (docs/KERNELS.md, session 16).  Graphs of the CUDA-graph
+#: steps never are: those refuse degrees over :data:`MIN_SPLIT`
+#: (pyg_dfgnn/train/trainer.py), since a replay cannot re-plan a batch.
+SKEW_FACTOR = 8
+#: work-item orders (:func:`override`): ``"row"`` = CSR order, ``"degree"`` =
+#: descending degree; automatic = ``"degree"`` on skewed CSRs
+ORDERS = ("row", "degree")
 
 
 @dataclass
@@ -73,19 +87,24 @@ def _forced():
 
 
 @contextlib.contextmanager
-def override(group: Optional[int] = None, split: Optional[int] = None):
+def override(group: Optional[int] = None, split: Optional[int] = None,
+             order: Optional[str] = None):
     """Force a schedule inside the ``with`` block (for benchmarking).
 
     ``group``: lanes per (row, head), one of 1, 2, 4, 8, 16, 32 (``None``: automatic).
     ``split``: segment length for super rows/columns; ``0`` disables
     splitting (a fixed node-parallel mapping), ``None``: automatic.
+    ``order``: ``"row"`` (CSR order) or ``"degree"`` (descending degree) for
+    the work items; ``None``: automatic (``"degree"`` on skewed CSRs).
     """
     if group not in (None, 1, 2, 4, 8, 16, 32):
         raise ValueError(f"'group' must be None, 1, 2, 4, 8, 16 or 32, got {group}")
     if split is not None and split < 0:
         raise ValueError(f"'split' must be >= 0, got {split}")
+    if order is not None and order not in ORDERS:
+        raise ValueError(f"'order' must be None, 'row' or 'degree', got {order!r}")
     old = _forced()
-    _local.forced = (group, split)
+    _local.forced = (group, split, order)
     try:
         yield
     finally:
@@ -148,19 +167,34 @@ def auto_split(num_edges: int, heads: int, group: int, device: torch.device) -> 
     return int(min(max(split, MIN_SPLIT), MAX_SPLIT))
 
 
-def work_items(rowptr: Tensor, split: int):
-    """Work items of a CSR: ``(work [W, 4], merge [R, 3], slots)`` or Nones
-    when no row is longer than ``split``.  Pure torch ops, on rowptr's device."""
+def is_skewed(max_degree: int, num_edges: int, num_rows: int) -> bool:
+    """Whether a CSR's rows are ordered by degree (:data:`SKEW_FACTOR`); host
+    values only (no device sync)."""
+    return max_degree > MIN_SPLIT and max_degree > SKEW_FACTOR * num_edges / max(num_rows, 1)
+
+
+def work_items(rowptr: Tensor, split: int, order: str = "row"):
+    """Work items of a CSR: ``(work [W, 4], merge [R, 3], slots)``, or Nones
+    when no row is longer than ``split`` and ``order`` is ``"row"``.  Segments
+    of split rows come first; with ``order="degree"`` the other rows follow in
+    descending degree (ties in row order), else in row order.  ``split <= 0``
+    splits nothing.  Pure torch ops, on rowptr's device."""
+    if order not in ORDERS:
+        raise ValueError(f"'order' must be 'row' or 'degree', got {order!r}")
     n = rowptr.numel() - 1
-    if split <= 0 or n <= 0:
+    if n <= 0 or (split <= 0 and order == "row"):
         return None, None, 0
     rp = rowptr.long()
     deg = rp[1:] - rp[:-1]
-    heavy = deg > split
-    if not bool(heavy.any()):
-        return None, None, 0
     dev = rp.device
     rows = torch.arange(n, device=dev)
+    heavy = deg > split if split > 0 else torch.zeros_like(deg, dtype=torch.bool)
+    if not bool(heavy.any()):
+        if order == "row":
+            return None, None, 0
+        work = _light_items(rp, rows, deg, order)
+        empty = torch.zeros(0, 3, dtype=rowptr.dtype, device=dev)
+        return work.to(rowptr.dtype).contiguous(), empty, 0
     h_rows = rows[heavy]
     h_nseg = (deg[heavy] + split - 1) // split
     slots = int(h_nseg.sum())
@@ -171,13 +205,19 @@ def work_items(rowptr: Tensor, split: int):
     seg_b = rp[seg_row] + seg_k * split
     seg_e = torch.minimum(seg_b + split, rp[seg_row + 1])
     heavy_items = torch.stack([seg_row, seg_b, seg_e, torch.arange(slots, device=dev)], 1)
-    l_rows = rows[~heavy]
-    light_items = torch.stack([l_rows, rp[l_rows], rp[l_rows + 1],
-                               torch.full_like(l_rows, -1)], 1)
-    work = torch.cat([heavy_items, light_items], 0)
+    light = ~heavy
+    work = torch.cat([heavy_items, _light_items(rp, rows[light], deg[light], order)], 0)
     merge = torch.stack([h_rows, first, first + h_nseg], 1)
     dt = rowptr.dtype
     return work.to(dt).contiguous(), merge.to(dt).contiguous(), slots
+
+
+def _light_items(rp: Tensor, rows: Tensor, deg: Tensor, order: str) -> Tensor:
+    """``[len(rows), 4]`` work items of unsplit rows (slot -1), in row order or
+    by descending degree."""
+    if order == "degree":
+        rows = rows[torch.sort(deg, descending=True, stable=True).indices]
+    return torch.stack([rows, rp[rows], rp[rows + 1], torch.full_like(rows, -1)], 1)
 
 
 def plan_for(graph: CSRGraph, kind: int, feat: int, heads: int, dtype: torch.dtype) -> Plan:
@@ -187,7 +227,7 @@ def plan_for(graph: CSRGraph, kind: int, feat: int, heads: int, dtype: torch.dty
     plan = graph.plans.get(key)
     if plan is not None:
         return plan
-    f_group, f_split = forced if forced is not None else (None, None)
+    f_group, f_split, f_order = forced if forced is not None else (None, None, None)
     group = f_group or auto_group(feat, dtype, kind)  # mirrors the kernel's choose_group
     if f_split is None:
         split = auto_split(graph.num_edges, heads, group, graph.device)
@@ -195,8 +235,16 @@ def plan_for(graph: CSRGraph, kind: int, feat: int, heads: int, dtype: torch.dty
         split = f_split
     split_rows = split if graph.max_in_degree > split else 0
     split_cols = split if graph.max_out_degree > split else 0
-    work, merge, slots = work_items(graph.rowptr, split_rows)
-    t_work, t_merge, t_slots = work_items(graph.t_rowptr, split_cols)
+    E = graph.num_edges
+    if f_order is not None:
+        order_rows = order_cols = f_order
+    elif f_split == 0:   # the fixed node-parallel mapping
+        order_rows = order_cols = "row"
+    else:
+        order_rows = "degree" if is_skewed(graph.max_in_degree, E, graph.num_dst) else "row"
+        order_cols = "degree" if is_skewed(graph.max_out_degree, E, graph.num_src) else "row"
+    work, merge, slots = work_items(graph.rowptr, split_rows, order_rows)
+    t_work, t_merge, t_slots = work_items(graph.t_rowptr, split_cols, order_cols)
     why = []
     why.append(f"group={group} lanes per (row, head)"
                + (" (forced)" if f_group else " (automatic from F)"))
@@ -209,6 +257,9 @@ def plan_for(graph: CSRGraph, kind: int, feat: int, heads: int, dtype: torch.dty
     if split_cols:
         why.append(f"{t_merge.size(0)} super columns (out-degree > {split}) cut into "
                    f"{t_slots} segments")
+    if work is not None or t_work is not None:
+        why.append(f"work items by {order_rows} (rows) / {order_cols} (columns)"
+                   + (" (forced)" if f_order else ""))
     plan = Plan(group=group if f_group else 0, work=work, merge=merge, t_work=t_work,
                 t_merge=t_merge, slots=slots, t_slots=t_slots, split=split_rows,
                 t_split=split_cols, reason="; ".join(why))

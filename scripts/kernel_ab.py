@@ -12,12 +12,16 @@ forward and forward+backward wall medians (CUDA events), and the build it ran
         PYTHONPATH=. python scripts/kernel_ab.py --out b.jsonl
     python scripts/kernel_ab.py --compare a.jsonl b.jsonl
 
+``--order row|degree`` forces the schedule's work-item order instead (one
+build, a process per order).
+
 The same layer inputs (seeded) are used by every build; run each build in its
 own process (the extension is built once per cache directory).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -60,15 +64,21 @@ def run(a) -> None:
     import torch
     import bench_shapes as bs
 
+    from pyg_dfgnn import schedule
+
     dev = torch.device("cuda")
     out = open(a.out, "w")
     extra = os.environ.get("PYG_DFGNN_NVCC_EXTRA", "")
+    if a.order:
+        extra = (extra + " " if extra else "") + f"order={a.order}"
     print(f"device: {torch.cuda.get_device_name()}  build: '{extra}'", flush=True)
     for spec in bs.GRAPHS:
         if spec["name"] not in a.graphs.split(","):
             continue
         g = bs.load_graph(spec)
         ei = g.edge_index.to(dev)
+        ctx = schedule.override(order=a.order) if a.order else contextlib.nullcontext()
+        ctx.__enter__()
         for case in a.cases.split(","):
             lname, shp = case.split(":")
             heads, feat = (int(v) for v in shp.split("x"))
@@ -109,6 +119,7 @@ def run(a) -> None:
                       f"fb {times['fb_ms']:.3f} gpu fwd {fwd_total:.3f} fb {total:.3f} | {ks}",
                       flush=True)
                 del ours, x, xs
+        ctx.__exit__(None, None, None)
         del g, ei
         torch.cuda.empty_cache()
 
@@ -164,6 +175,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--prof-reps", type=int, default=5)
+    ap.add_argument("--order", choices=("row", "degree"), default=None,
+                    help="force the work-item order (pyg_dfgnn.schedule.override)")
     ap.add_argument("--compare", nargs="+")
     a = ap.parse_args(argv)
     if a.compare:

@@ -13,27 +13,36 @@ def _graph(super_deg=500):
     return build_graph(torch.stack([src, dst]), (300, 300))
 
 
-@pytest.mark.parametrize("split", [1, 16, 100, 499, 500])
-def test_work_items_cover_each_edge_once(split):
+@pytest.mark.parametrize("order", ["row", "degree"])
+@pytest.mark.parametrize("split", [0, 1, 16, 100, 499, 500])
+def test_work_items_cover_each_edge_once(split, order):
     gr = _graph()
-    work, merge, slots = schedule.work_items(gr.rowptr, split)
+    work, merge, slots = schedule.work_items(gr.rowptr, split, order)
     deg = gr.in_degree().long()
-    if int(deg.max()) <= split:
+    if order == "row" and (split == 0 or int(deg.max()) <= split):
         assert work is None
         return
+    assert (work[:slots, 3] >= 0).all() and (work[slots:, 3] == -1).all()  # segments first
+    if order == "degree":   # then the rows by descending degree
+        lengths = (work[slots:, 2] - work[slots:, 1]).long()
+        assert (lengths[1:] <= lengths[:-1]).all()
+    else:                   # then the rows in CSR order
+        rows = work[slots:, 0].long()
+        assert (rows[1:] > rows[:-1]).all()
     seen = torch.zeros(gr.num_edges, dtype=torch.long)
     rows_seen = torch.zeros(gr.num_dst, dtype=torch.long)
     for row, b, e, slot in work.long().tolist():
         assert gr.rowptr[row] <= b <= e <= gr.rowptr[row + 1]
-        assert (e - b <= split)
+        assert split == 0 or e - b <= split
         seen[b:e] += 1
         rows_seen[row] += 1
         if slot < 0:
-            assert deg[row] <= split
+            assert split == 0 or deg[row] <= split
     assert (seen == 1).all()
+    assert work.size(0) == slots + int((deg <= split).sum() if split else gr.num_dst)
     assert (rows_seen >= 1).all()          # empty rows are items too (their output is zero)
     # merge ranges: contiguous slots of each split row
-    assert int(merge[:, 2].max()) == slots
+    assert (int(merge[:, 2].max()) if merge.numel() else 0) == slots
     for row, s0, s1 in merge.long().tolist():
         assert deg[row] > split and s1 - s0 == -(-int(deg[row]) // split)
 
@@ -59,6 +68,34 @@ def test_override_validates():
     with pytest.raises(ValueError, match="group"):
         with schedule.override(group=3):
             pass
+    with pytest.raises(ValueError, match="'order'"):
+        with schedule.override(order="random"):
+            pass
+    with pytest.raises(ValueError, match="'order'"):
+        schedule.work_items(torch.tensor([0, 1]), 4, "sorted")
+
+
+def test_skewed_graphs_get_degree_ordered_items():
+    """Automatic order: a CSR whose longest row exceeds MIN_SPLIT and
+    SKEW_FACTOR x the mean degree is walked by descending degree (rows and,
+    for the transposed CSR, columns, each by its own skew); others keep
+    the row order (no work list without super rows)."""
+    gr = _graph(super_deg=500)           # in-degree 500+ vs mean ~8: skewed rows
+    assert schedule.is_skewed(gr.max_in_degree, gr.num_edges, gr.num_dst)
+    assert not schedule.is_skewed(gr.max_out_degree, gr.num_edges, gr.num_src)
+    with schedule.override(split=4096):   # no super row: the order alone makes a list
+        p = schedule.plan_for(gr, 2, 64, 4, torch.float32)
+    assert p.slots == 0 and p.t_work is None
+    lengths = (p.work[:, 2] - p.work[:, 1]).long()
+    assert int(lengths[0]) == gr.max_in_degree and (lengths[1:] <= lengths[:-1]).all()
+    assert "work items by degree (rows) / row (columns)" in p.reason
+    with schedule.override(split=4096, order="row"):
+        assert schedule.plan_for(gr, 2, 64, 4, torch.float32).work is None
+    with schedule.override(split=0):     # the fixed node-parallel mapping keeps CSR order
+        assert schedule.plan_for(gr, 2, 64, 4, torch.float32).work is None
+    flat = _graph(super_deg=100)         # max in-degree <= MIN_SPLIT: never skewed
+    assert not schedule.is_skewed(flat.max_in_degree, flat.num_edges, flat.num_dst)
+    assert schedule.plan_for(flat, 2, 64, 4, torch.float32).work is None
 
 
 def test_auto_group_and_split():

@@ -4,6 +4,8 @@ Every comparison draws fresh random inputs, poisons the CUDA caching
 allocator with NaNs first (so an unwritten output element shows up as NaN)
 and measures ||out - ref|| / ||ref|| for the output and every gradient.
 """
+import contextlib
+
 import pytest
 import torch
 
@@ -36,8 +38,14 @@ def rel(a, b):
 
 
 def check(kind, ei, ns, nd, heads, feat, dtype, edge=False, dropout=0.0, seed=0,
-          grads=True, tol=None, group=None, split=None):
+          grads=True, tol=None, group=None, split=None, order=None):
     k = KINDS[kind]
+    forced = group is not None or split is not None or order is not None
+
+    def sched():
+        return (schedule.override(group=group, split=split, order=order) if forced
+                else contextlib.nullcontext())
+
     gen = torch.Generator().manual_seed(seed)
     inp = make_inputs(k, ns, nd, ei.size(1), heads, feat, dtype, "cuda", edge, gen)
     ref_inp = {n: (v.double().detach() if v is not None else None) for n, v in inp.items()}
@@ -46,10 +54,7 @@ def check(kind, ei, ns, nd, heads, feat, dtype, edge=False, dropout=0.0, seed=0,
     g = get_graph(ei.cuda(), (ns, nd))
     poison()
     torch.manual_seed(seed)
-    if group is not None or split is not None:
-        with schedule.override(group=group, split=split):
-            out, alpha = call(k, g, inp, dropout, return_alpha=True)
-    else:
+    with sched():
         out, alpha = call(k, g, inp, dropout, return_alpha=True)
     torch.manual_seed(seed)
     ref, ref_alpha = call(k, g, ref_inp, dropout, return_alpha=True)
@@ -60,10 +65,7 @@ def check(kind, ei, ns, nd, heads, feat, dtype, edge=False, dropout=0.0, seed=0,
     if grads and ei.size(1):
         gout = torch.randn(out.shape, generator=gen, dtype=torch.float64).cuda()
         poison()
-        if group is not None or split is not None:
-            with schedule.override(group=group, split=split):
-                gs = torch.autograd.grad(out, leaves(inp), gout.to(dtype))
-        else:
+        with sched():
             gs = torch.autograd.grad(out, leaves(inp), gout.to(dtype))
         rs = torch.autograd.grad(ref, leaves(ref_inp), gout)
         names = [n for n, v in inp.items() if v is not None]
@@ -97,6 +99,34 @@ def test_forced_schedules_agree(kind, group, split):
     ei = random_graph(150, 150, 1500, super_node=(700, 5))
     ei = torch.cat([ei, torch.stack([torch.full((500,), 7), torch.randint(0, 150, (500,))])], 1)
     check(kind, ei, 150, 150, 3, 24, torch.float32, edge=True, group=group, split=split)
+
+
+def _skewed_graph(n=400, seed=0):
+    """Power-law-like in- and out-degrees: most rows hold 1-3 edges, a few
+    hundreds (rows > MIN_SPLIT edges: skewed, so the automatic plan orders the
+    work items by degree) -- with a row of degree 0 in between."""
+    g = torch.Generator().manual_seed(seed)
+    deg = (300.0 / torch.arange(1, n + 1).double() ** 1.2).long().clamp_min(1)
+    deg[n // 2] = 0
+    dst = torch.repeat_interleave(torch.randperm(n, generator=g), deg)
+    src = torch.cat([torch.randint(0, n, (dst.numel() - 600,), generator=g),
+                     torch.full((600,), 3)])           # a hub on the source side too
+    return torch.stack([src, dst])
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("split,order", [(None, None), (0, "degree"), (16, "degree"),
+                                         (64, "row")])
+@pytest.mark.parametrize("dtype,feat", [(torch.float32, 24), (torch.bfloat16, 10)])
+def test_degree_ordered_items(kind, split, order, dtype, feat):
+    """Work items in descending degree (the automatic plan of a skewed CSR,
+    rows and columns) give the reference's output and gradients, with and
+    without split rows; row order on the same graph as the control."""
+    ei = _skewed_graph()
+    g = get_graph(ei.cuda(), (400, 400))
+    assert schedule.is_skewed(g.max_in_degree, g.num_edges, g.num_dst)
+    assert schedule.is_skewed(g.max_out_degree, g.num_edges, g.num_src)
+    check(kind, ei, 400, 400, 3, feat, dtype, edge=True, seed=feat, split=split, order=order)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
