@@ -6,13 +6,16 @@ are one item each; a *super row* whose degree exceeds ``split`` edges is cut
 into segments of ``split`` edges that many groups process in parallel, each
 writing a partial (max, sum, accumulator) that a light second pass merges
 (DF-GNN's parallelism-maximisation fusion, split-K style).  Segments are
-placed first so that the longest items start first.  On a *skewed* CSR (a
-row longer than :data:`MIN_SPLIT` edges and :data:`SKEW_FACTOR` times the mean
-degree: power-law graphs) the ordinary rows follow in descending degree, so
-the rows that share a thread block have about the same length and the
-longest start first (a block retires with its longest row; in row order a
-power-law graph's blocks idle most of their lanes).  Other graphs get no work
-list at all (the kernel walks ``rowptr`` directly).
+placed first so that the longest items start first.  On the GPU the ordinary
+rows follow in *descending degree* (rows of the same degree in CSR order), so
+the rows that share a warp and a thread block have about the same length and
+the longest start first: a block retires with its longest row, so in CSR
+order a power-law graph's blocks idle most of their lanes (its row passes ran
+about 2x longer than in degree order), and even a uniform graph's (in-degrees
+8-37) ran 9-16 % longer (docs/KERNELS.md, session 16).
+Small graphs that are not skewed keep the CSR order and get no work list
+(the kernel walks ``rowptr`` directly): there the host time of ordering a
+new batch's rows would cost more than it saves.
 
 Level 2 (row): inside an item, a *group* of ``group`` lanes (1..32) owns one
 (row, head): a small feature size packs several rows into one warp (DF-GNN's
@@ -30,6 +33,7 @@ docs/BENCHMARKS.md).  Plans are cached on the :class:`~pyg_dfgnn.graph.CSRGraph`
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -50,14 +54,22 @@ def chunks_for(vec: int) -> int:
     return 1 if vec >= 8 else CHUNKS
 MIN_SPLIT = 256
 MAX_SPLIT = 8192
-#: a CSR is *skewed* (its work items are ordered by descending degree) when its
-#: longest row has more than :data:`MIN_SPLIT` edges and more than this many
-#: times the mean degree (docs/KERNELS.md, session 16).  Graphs of the CUDA-graph
-#: steps never are: those refuse degrees over :data:`MIN_SPLIT`
-#: (pyg_dfgnn/train/trainer.py), since a replay cannot re-plan a batch.
+#: automatic work-item order (:func:`auto_order`): descending degree for a CSR
+#: on the GPU with at least this many edges, or a *skewed* one (its longest row
+#: over :data:`MIN_SPLIT` edges and over :data:`SKEW_FACTOR` x the mean
+#: degree).  Measured on an H100 (docs/KERNELS.md, session 16): forward kernel
+#: 0.54x and row pass 0.47x on a power-law graph, 0.88-0.91x and 0.84-0.87x on
+#: the uniform 100k (1.6M edges) and PATTERN-like x128 (0.76M) graphs.  Below
+#: the threshold a new batch's ordering (about a dozen small device ops and
+#: their host time per plan) costs about what it saves: PATTERN GT batches of
+#: 26 graphs (0.16M edges) validated 11-22 % slower in degree order, while the
+#: 128-graph GAT / AGNN batches trained 1-20 % faster.  The order is built with
+#: device ops only (no sync), so the CUDA-graph steps capture it with their
+#: graph views.
+ORDER_MIN_EDGES = 1 << 18
 SKEW_FACTOR = 8
 #: work-item orders (:func:`override`): ``"row"`` = CSR order, ``"degree"`` =
-#: descending degree; automatic = ``"degree"`` on skewed CSRs
+#: descending degree
 ORDERS = ("row", "degree")
 
 
@@ -168,9 +180,30 @@ def auto_split(num_edges: int, heads: int, group: int, device: torch.device) -> 
 
 
 def is_skewed(max_degree: int, num_edges: int, num_rows: int) -> bool:
-    """Whether a CSR's rows are ordered by degree (:data:`SKEW_FACTOR`); host
-    values only (no device sync)."""
+    """Whether a CSR's longest row exceeds :data:`MIN_SPLIT` edges and
+    :data:`SKEW_FACTOR` times the mean degree; host values only (no sync)."""
     return max_degree > MIN_SPLIT and max_degree > SKEW_FACTOR * num_edges / max(num_rows, 1)
+
+
+def _env_order() -> str:
+    """``PYG_DFGNN_ORDER``: ``auto`` (default), ``row`` or ``degree`` for every
+    automatic plan of the process (an A/B switch for whole training runs;
+    :func:`override` takes precedence)."""
+    env = os.environ.get("PYG_DFGNN_ORDER", "") or "auto"
+    if env not in ("auto",) + ORDERS:
+        raise ValueError(f"PYG_DFGNN_ORDER: must be 'auto', 'row' or 'degree', got {env!r}")
+    return env
+
+
+def auto_order(max_degree: int, num_edges: int, num_rows: int, device: torch.device) -> str:
+    """The automatic work-item order of a CSR (:data:`ORDER_MIN_EDGES`):
+    ``"degree"`` for a large or skewed CSR on the GPU, else ``"row"`` (the CPU
+    kernels take no work list)."""
+    if torch.device(device).type != "cuda":
+        return "row"
+    if num_edges >= ORDER_MIN_EDGES or is_skewed(max_degree, num_edges, num_rows):
+        return "degree"
+    return "row"
 
 
 def work_items(rowptr: Tensor, split: int, order: str = "row"):
@@ -188,8 +221,8 @@ def work_items(rowptr: Tensor, split: int, order: str = "row"):
     deg = rp[1:] - rp[:-1]
     dev = rp.device
     rows = torch.arange(n, device=dev)
-    heavy = deg > split if split > 0 else torch.zeros_like(deg, dtype=torch.bool)
-    if not bool(heavy.any()):
+    heavy = deg > split if split > 0 else None
+    if heavy is None or not bool(heavy.any()):   # (no sync without a split length)
         if order == "row":
             return None, None, 0
         work = _light_items(rp, rows, deg, order)
@@ -240,9 +273,11 @@ def plan_for(graph: CSRGraph, kind: int, feat: int, heads: int, dtype: torch.dty
         order_rows = order_cols = f_order
     elif f_split == 0:   # the fixed node-parallel mapping
         order_rows = order_cols = "row"
+    elif _env_order() != "auto":
+        order_rows = order_cols = _env_order()
     else:
-        order_rows = "degree" if is_skewed(graph.max_in_degree, E, graph.num_dst) else "row"
-        order_cols = "degree" if is_skewed(graph.max_out_degree, E, graph.num_src) else "row"
+        order_rows = auto_order(graph.max_in_degree, E, graph.num_dst, graph.device)
+        order_cols = auto_order(graph.max_out_degree, E, graph.num_src, graph.device)
     work, merge, slots = work_items(graph.rowptr, split_rows, order_rows)
     t_work, t_merge, t_slots = work_items(graph.t_rowptr, split_cols, order_cols)
     why = []

@@ -75,27 +75,48 @@ def test_override_validates():
         schedule.work_items(torch.tensor([0, 1]), 4, "sorted")
 
 
-def test_skewed_graphs_get_degree_ordered_items():
-    """Automatic order: a CSR whose longest row exceeds MIN_SPLIT and
-    SKEW_FACTOR x the mean degree is walked by descending degree (rows and,
-    for the transposed CSR, columns, each by its own skew); others keep
-    the row order (no work list without super rows)."""
-    gr = _graph(super_deg=500)           # in-degree 500+ vs mean ~8: skewed rows
-    assert schedule.is_skewed(gr.max_in_degree, gr.num_edges, gr.num_dst)
-    assert not schedule.is_skewed(gr.max_out_degree, gr.num_edges, gr.num_src)
-    with schedule.override(split=4096):   # no super row: the order alone makes a list
+def test_automatic_order():
+    """Descending degree for a CSR on the GPU with >= ORDER_MIN_EDGES edges, or
+    a skewed one (longest row over MIN_SPLIT and SKEW_FACTOR x the mean
+    degree); CSR order for small unskewed ones and on the CPU (whose kernels
+    take no work list)."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    big = schedule.ORDER_MIN_EDGES
+    assert schedule.auto_order(37, big, big // 16, cuda) == "degree"
+    assert schedule.auto_order(37, big - 1, big // 16, cuda) == "row"
+    assert schedule.auto_order(60000, 1000, 500, cuda) == "degree"       # skewed
+    assert schedule.auto_order(256, 1000, 500, cuda) == "row"            # <= MIN_SPLIT
+    assert schedule.auto_order(300, 20000, 500, cuda) == "row"           # 300 < 8 x 40
+    assert schedule.auto_order(60000, big, 500, cpu) == "row"
+    assert schedule.is_skewed(300, 1000, 500) and not schedule.is_skewed(300, 20000, 500)
+
+
+def test_order_env(monkeypatch):
+    """PYG_DFGNN_ORDER forces the automatic order of new plans; a bad value
+    is a ValueError naming the variable."""
+    gr = _graph(super_deg=500)
+    monkeypatch.setenv("PYG_DFGNN_ORDER", "degree")
+    with schedule.override(split=4096):
+        assert schedule.plan_for(gr, 2, 64, 4, torch.float32).work.size(0) == gr.num_dst
+    monkeypatch.setenv("PYG_DFGNN_ORDER", "sorted")
+    with pytest.raises(ValueError, match="PYG_DFGNN_ORDER"):
+        schedule.plan_for(gr, 2, 32, 4, torch.float32)
+
+
+def test_degree_ordered_plan():
+    """A forced degree order on a graph without super rows: a work list of
+    every row, longest first, and no merge; the CSR order gives none."""
+    gr = _graph(super_deg=500)
+    with schedule.override(split=4096, order="degree"):
         p = schedule.plan_for(gr, 2, 64, 4, torch.float32)
-    assert p.slots == 0 and p.t_work is None
+    assert p.slots == 0 and p.merge.numel() == 0 and p.work.size(0) == gr.num_dst
     lengths = (p.work[:, 2] - p.work[:, 1]).long()
     assert int(lengths[0]) == gr.max_in_degree and (lengths[1:] <= lengths[:-1]).all()
-    assert "work items by degree (rows) / row (columns)" in p.reason
+    assert "work items by degree (rows) / degree (columns) (forced)" in p.reason
     with schedule.override(split=4096, order="row"):
         assert schedule.plan_for(gr, 2, 64, 4, torch.float32).work is None
-    with schedule.override(split=0):     # the fixed node-parallel mapping keeps CSR order
+    with schedule.override(split=4096):       # automatic: the CPU keeps CSR order
         assert schedule.plan_for(gr, 2, 64, 4, torch.float32).work is None
-    flat = _graph(super_deg=100)         # max in-degree <= MIN_SPLIT: never skewed
-    assert not schedule.is_skewed(flat.max_in_degree, flat.num_edges, flat.num_dst)
-    assert schedule.plan_for(flat, 2, 64, 4, torch.float32).work is None
 
 
 def test_auto_group_and_split():
