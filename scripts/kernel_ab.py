@@ -12,8 +12,8 @@ forward and forward+backward wall medians (CUDA events), and the build it ran
         PYTHONPATH=. python scripts/kernel_ab.py --out b.jsonl
     python scripts/kernel_ab.py --compare a.jsonl b.jsonl
 
-``--order row|degree`` forces the schedule's work-item order instead (one
-build, a process per order).
+``--order row|degree`` and ``--split N`` force the schedule's work-item order
+and split length instead (one build, a process per variant).
 
 The same layer inputs (seeded) are used by every build; run each build in its
 own process (the extension is built once per cache directory).
@@ -69,15 +69,17 @@ def run(a) -> None:
     dev = torch.device("cuda")
     out = open(a.out, "w")
     extra = os.environ.get("PYG_DFGNN_NVCC_EXTRA", "")
-    if a.order:
-        extra = (extra + " " if extra else "") + f"order={a.order}"
+    for k in ("order", "split"):
+        if getattr(a, k) is not None:
+            extra = (extra + " " if extra else "") + f"{k}={getattr(a, k)}"
     print(f"device: {torch.cuda.get_device_name()}  build: '{extra}'", flush=True)
     for spec in bs.GRAPHS:
         if spec["name"] not in a.graphs.split(","):
             continue
         g = bs.load_graph(spec)
         ei = g.edge_index.to(dev)
-        ctx = schedule.override(order=a.order) if a.order else contextlib.nullcontext()
+        ctx = (schedule.override(order=a.order, split=a.split)
+               if a.order or a.split is not None else contextlib.nullcontext())
         ctx.__enter__()
         for case in a.cases.split(","):
             lname, shp = case.split(":")
@@ -177,6 +179,8 @@ def main(argv=None):
     ap.add_argument("--prof-reps", type=int, default=5)
     ap.add_argument("--order", choices=("row", "degree"), default=None,
                     help="force the work-item order (pyg_dfgnn.schedule.override)")
+    ap.add_argument("--split", type=int, default=None,
+                    help="force the split length of super rows (0 = none)")
     ap.add_argument("--compare", nargs="+")
     a = ap.parse_args(argv)
     if a.compare:
