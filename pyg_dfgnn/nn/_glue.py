@@ -158,6 +158,20 @@ def pad_heads(t: Tensor, heads: int, chans: int, width: int) -> Tensor:
     return F.pad(v, (0, 0, 0, width - chans)).reshape(heads * width, *t.shape[1:])
 
 
+def _stack_padded(ts, heads: int, chans: int, width: int) -> Tensor:
+    """``torch.cat([pad_heads(t, heads, chans, width) for t in ts])`` as one
+    concatenation and one pad: three kernels for any number of maps instead
+    of two per map plus the concatenation (host time of every GPU-bound
+    Transformer call, which rebuilds it from the current parameters)."""
+    if len(ts) == 1:
+        return pad_heads(ts[0], heads, chans, width)
+    t = torch.cat(ts)
+    if width == chans:
+        return t
+    v = t.reshape(len(ts) * heads, chans, -1)
+    return F.pad(v, (0, 0, 0, width - chans)).reshape(len(ts) * heads * width, *ts[0].shape[1:])
+
+
 class _Projections(torch.autograd.Function):
     """``[x W_i^T + b_i]`` for ``n`` linear maps of one ``x`` (``[heads * chans,
     in]`` weights, rows padded to ``width`` per head) as one GEMM and one
@@ -175,9 +189,8 @@ class _Projections(torch.autograd.Function):
         ws, bs = params[0::2], params[1::2]   # (biases: all tensors, or all None)
         ctx.dtypes = (x.dtype, [w.dtype for w in ws], [None if b is None else b.dtype for b in bs])
         ctx.meta, ctx.n = meta, len(ws)
-        w = torch.cat([pad_heads(t, heads, chans, width) for t in ws])
-        b = None if bs[0] is None else torch.cat([pad_heads(t, heads, chans, width)
-                                                  for t in bs])
+        w = _stack_padded(ws, heads, chans, width)
+        b = None if bs[0] is None else _stack_padded(bs, heads, chans, width)
         if dtype is not None:   # autocast: compute in its dtype, as F.linear would
             x, w = x.to(dtype), w.to(dtype)
             b = None if b is None else b.to(dtype)
