@@ -1,6 +1,6 @@
 """Kernel timings per graph shape and schedule: fused (automatic schedule),
 fused with forced schedules (lane group, split length, 0 = fixed node-parallel
-mapping), and native gather + PyG softmax + scatter on the same inputs.  The
+mapping, work items in CSR or degree order), and native gather + PyG softmax + scatter on the same inputs.  The
 fused variants are timed round-robin (one call of each per round, median of
 15 rounds) so drift during the run favours none of them.
 
@@ -116,15 +116,18 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--feat", type=int, default=64)
     ap.add_argument("--kinds", default="gat,dot,gatv2")
-    ap.add_argument("--variants", default="auto,nosplit,split512,split2048,g4,g16",
-                    help="schedules to time (comma list; 'auto' is always timed)")
+    ap.add_argument("--variants", default="auto,nosplit,split512,split2048,g4,g16,rows",
+                    help="schedules to time (comma list; 'auto' is always timed; "
+                         "'rows' / 'degree' force the work-item order)")
     ap.add_argument("--graphs", default="", help="substrings of graph names to keep")
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
     H, F = a.heads, a.feat
     kinds = {"gat": GAT, "dot": DOT, "gatv2": GATV2}
-    variants = [("auto", None, None), ("nosplit", None, 0), ("split512", None, 512),
-                ("split2048", None, 2048), ("g4", 4, None), ("g16", 16, None)]
+    variants = [("auto", None, None, None), ("nosplit", None, 0, None),
+                ("split512", None, 512, None), ("split2048", None, 2048, None),
+                ("g4", 4, None, None), ("g16", 16, None, None),
+                ("rows", None, None, "row"), ("degree", None, None, "degree")]
     keep = set(a.variants.split(",")) | {"auto"}
     variants = [v for v in variants if v[0] in keep]
     rows = []
@@ -146,14 +149,14 @@ def main(argv=None):
                 out = f()
                 torch.autograd.grad(out, leaves, gout)
             res = {"graph": gname, "kind": kname, "E": ei.size(1), "max_in": g.max_in_degree}
-            def under(grp, split, fn):
+            def under(grp, split, order, fn):
                 def call():
-                    with schedule.override(group=grp, split=split):
+                    with schedule.override(group=grp, split=split, order=order):
                         return fn()
                 return call
             fwd_fns, fb_fns = {}, {}
-            for vname, grp, split in variants:
-                f = under(grp, split, lambda: fused_call(kind, g, d))
+            for vname, grp, split, order in variants:
+                f = under(grp, split, order, lambda: fused_call(kind, g, d))
                 fwd_fns[vname] = f
                 fb_fns[vname] = (lambda f=f: fb(f))
             for vname, t in timed_interleaved(fwd_fns).items():
