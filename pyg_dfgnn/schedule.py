@@ -107,7 +107,8 @@ def override(group: Optional[int] = None, split: Optional[int] = None,
     ``split``: segment length for super rows/columns; ``0`` disables
     splitting (a fixed node-parallel mapping), ``None``: automatic.
     ``order``: ``"row"`` (CSR order) or ``"degree"`` (descending degree) for
-    the work items; ``None``: automatic (``"degree"`` on skewed CSRs).
+    the work items; ``None``: automatic (:func:`auto_order`: degree order for
+    large or skewed CSRs on the GPU).
     """
     if group not in (None, 1, 2, 4, 8, 16, 32):
         raise ValueError(f"'group' must be None, 1, 2, 4, 8, 16 or 32, got {group}")

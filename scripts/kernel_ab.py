@@ -80,50 +80,56 @@ def run(a) -> None:
         ei = g.edge_index.to(dev)
         ctx = (schedule.override(order=a.order, split=a.split)
                if a.order or a.split is not None else contextlib.nullcontext())
-        ctx.__enter__()
-        for case in a.cases.split(","):
-            lname, shp = case.split(":")
-            heads, feat = (int(v) for v in shp.split("x"))
-            for dname in a.dtypes.split(","):
-                _, ours, x = bs.build(lname, heads, feat, bs.DTYPES[dname], dev, g.num_nodes)
-                xs = x.detach().requires_grad_(True)
-
-                def fwd():
-                    with torch.no_grad():
-                        ours(x, ei)
-
-                def fb():
-                    o = ours(xs, ei)
-                    o.backward(torch.ones_like(o))
-
-                times = {}
-                for pname, fn in (("fwd", fwd), ("fb", fb)):
-                    for _ in range(a.warmup):
-                        fn()
-                    ts = []
-                    for _ in range(a.reps):
-                        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-                        s.record()
-                        fn()
-                        e.record()
-                        e.synchronize()
-                        ts.append(s.elapsed_time(e))
-                    times[pname + "_ms"] = statistics.median(ts)
-                fwd_total, _ = gpu_times(fwd, a.prof_reps)
-                total, kern = gpu_times(fb, a.prof_reps)
-                row = {"graph": spec["name"], "layer": lname, "shape": shp, "dtype": dname,
-                       "build": extra, **times, "gpu_fwd_ms": fwd_total, "gpu_fb_ms": total,
-                       "kernels": kern}
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-                ks = " ".join(f"{k}={v:.3f}" for k, v in sorted(kern.items()))
-                print(f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s} fwd {times['fwd_ms']:.3f} "
-                      f"fb {times['fb_ms']:.3f} gpu fwd {fwd_total:.3f} fb {total:.3f} | {ks}",
-                      flush=True)
-                del ours, x, xs
-        ctx.__exit__(None, None, None)
+        with ctx:
+            _cases(a, spec, g, ei, dev, out, extra)
         del g, ei
         torch.cuda.empty_cache()
+
+
+def _cases(a, spec, g, ei, dev, out, extra) -> None:
+    """Every (layer, shape, dtype) case of ``a`` on one graph: one JSON line each."""
+    import torch
+    import bench_shapes as bs
+    for case in a.cases.split(","):
+        lname, shp = case.split(":")
+        heads, feat = (int(v) for v in shp.split("x"))
+        for dname in a.dtypes.split(","):
+            _, ours, x = bs.build(lname, heads, feat, bs.DTYPES[dname], dev, g.num_nodes)
+            xs = x.detach().requires_grad_(True)
+
+            def fwd():
+                with torch.no_grad():
+                    ours(x, ei)
+
+            def fb():
+                o = ours(xs, ei)
+                o.backward(torch.ones_like(o))
+
+            times = {}
+            for pname, fn in (("fwd", fwd), ("fb", fb)):
+                for _ in range(a.warmup):
+                    fn()
+                ts = []
+                for _ in range(a.reps):
+                    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+                    s.record()
+                    fn()
+                    e.record()
+                    e.synchronize()
+                    ts.append(s.elapsed_time(e))
+                times[pname + "_ms"] = statistics.median(ts)
+            fwd_total, _ = gpu_times(fwd, a.prof_reps)
+            total, kern = gpu_times(fb, a.prof_reps)
+            row = {"graph": spec["name"], "layer": lname, "shape": shp, "dtype": dname,
+                   "build": extra, **times, "gpu_fwd_ms": fwd_total, "gpu_fb_ms": total,
+                   "kernels": kern}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            ks = " ".join(f"{k}={v:.3f}" for k, v in sorted(kern.items()))
+            print(f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s} fwd {times['fwd_ms']:.3f} "
+                  f"fb {times['fb_ms']:.3f} gpu fwd {fwd_total:.3f} fb {total:.3f} | {ks}",
+                  flush=True)
+            del ours, x, xs
 
 
 def _value(r: dict, k: str):

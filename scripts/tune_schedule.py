@@ -1,8 +1,9 @@
 """Kernel timings per graph shape and schedule: fused (automatic schedule),
 fused with forced schedules (lane group, split length, 0 = fixed node-parallel
-mapping, work items in CSR or degree order), and native gather + PyG softmax + scatter on the same inputs.  The
-fused variants are timed round-robin (one call of each per round, median of
-15 rounds) so drift during the run favours none of them.
+mapping, work items in CSR or degree order), and native gather + PyG softmax +
+scatter on the same inputs.  The fused variants are timed round-robin (one
+call of each per round, median of 15 rounds) so drift during the run favours
+none of them.
 
 This is the script that measured the schedule thresholds in
 pyg_dfgnn/schedule.py (docs/BENCHMARKS.md).  GPU only:
