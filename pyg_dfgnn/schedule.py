@@ -12,7 +12,7 @@ the rows that share a warp and a thread block have about the same length and
 the longest start first: a block retires with its longest row, so in CSR
 order a power-law graph's blocks idle most of their lanes (its row passes ran
 about 2x longer than in degree order), and even a uniform graph's (in-degrees
-8-37) ran 9-16 % longer (docs/KERNELS.md, session 16).
+8-37) 10-19 % longer (docs/KERNELS.md, session 16).
 Small graphs that are not skewed keep the CSR order and get no work list
 (the kernel walks ``rowptr`` directly): there the host time of ordering a
 new batch's rows would cost more than it saves.
