@@ -163,13 +163,8 @@ def _stack_padded(ts, heads: int, chans: int, width: int) -> Tensor:
     concatenation and one pad: three kernels for any number of maps instead
     of two per map plus the concatenation (host time of every GPU-bound
     Transformer call, which rebuilds it from the current parameters)."""
-    if len(ts) == 1:
-        return pad_heads(ts[0], heads, chans, width)
-    t = torch.cat(ts)
-    if width == chans:
-        return t
-    v = t.reshape(len(ts) * heads, chans, -1)
-    return F.pad(v, (0, 0, 0, width - chans)).reshape(len(ts) * heads * width, *ts[0].shape[1:])
+    t = ts[0] if len(ts) == 1 else torch.cat(ts)
+    return pad_heads(t, len(ts) * heads, chans, width)   # (n maps = n x heads heads)
 
 
 class _Projections(torch.autograd.Function):

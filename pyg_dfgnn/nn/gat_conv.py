@@ -111,13 +111,11 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         lin_s = lin_d = lin
         if fold and lin is None:
             lin_s, lin_d = self.lin_src, self.lin_dst
-        if not fold:
-            pass
-        elif isinstance(x, Tensor) and lin_s is lin_d:   # one GEMM for both logits
+        if fold and isinstance(x, Tensor) and lin_s is lin_d:   # one GEMM for both logits
             both = _folded_logits(lin_s, x, (self.att_src, self.att_dst))
             if both is not None:
                 alpha_src, alpha_dst = both[:, :H], both[:, H:]
-        else:
+        elif fold:
             alpha_src = _folded_logits(lin_s, x_in_src, (self.att_src,))
             if x_dst is not None and x_in_dst is not None:
                 alpha_dst = _folded_logits(lin_d, x_in_dst, (self.att_dst,))

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from ..graph import CSRGraph, GraphRef
-from ..schedule import plan_for
 from . import fused, reference
 from .fused import BACKWARD_MODES, backward_mode, set_backward_mode
 from .reference import DOT, GAT, GATV2
@@ -252,12 +251,10 @@ def gat_node_attention(graph: CSRGraph, x: Tensor, att_src: Tensor, att_dst: Ten
         return _run(GAT, graph, a_dst, a_src, x, a_edge, bias, 1.0, negative_slope, dropout,
                     return_alpha)
     seed = _seed(dropout, graph.device)
-    plan = plan_for(graph, GAT, x.size(2), x.size(1), x.dtype)
+    plan = fused.plan_of(graph, GAT, x, x)
     out, _lse, alpha = fused.gat_node_attention_on(
-        graph, plan, x.contiguous(), att_src, att_dst,
-        None if a_edge is None else a_edge.contiguous(),
-        None if bias is None else bias.contiguous(), negative_slope, float(dropout), seed,
-        bool(return_alpha))
+        graph, plan, x.contiguous(), att_src, att_dst, _dense(a_edge), _dense(bias),
+        negative_slope, float(dropout), seed, bool(return_alpha))
     return out, (alpha if return_alpha else None)
 
 
