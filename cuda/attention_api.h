@@ -59,4 +59,9 @@ std::tuple<at::Tensor, at::Tensor> gat_logits_bwd(const at::Tensor& x, const at:
                                                   const at::Tensor& d_src,
                                                   const at::Tensor& d_dst, at::Tensor& d_x);
 
+// n per-head maps (weights [H*C, in], optional biases [H*C]) stacked with zero
+// rows C..W-1 in every head, in one launch (pad_heads.cu; nn/_glue.py)
+std::tuple<at::Tensor, at::Tensor> stack_pad_heads(at::TensorList ws, at::TensorList bs,
+                                                   int64_t heads, int64_t chans, int64_t width);
+
 }  // namespace dfgnn

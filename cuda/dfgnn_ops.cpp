@@ -307,6 +307,8 @@ TORCH_LIBRARY(dfgnn_C, m) {
   m.def("gat_logits(Tensor x, Tensor att_src, Tensor att_dst) -> (Tensor, Tensor)");
   m.def("gat_logits_bwd(Tensor x, Tensor att_src, Tensor att_dst, Tensor d_src, "
         "Tensor d_dst, Tensor(a!) d_x) -> (Tensor, Tensor)");
+  m.def("stack_pad_heads(Tensor[] ws, Tensor[] bs, int heads, int chans, int width) "
+        "-> (Tensor, Tensor)");
   m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
   m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
 }
@@ -316,4 +318,5 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("attention_bwd", &dfgnn::attention_bwd);
   m.impl("gat_logits", &dfgnn::gat_logits);
   m.impl("gat_logits_bwd", &dfgnn::gat_logits_bwd);
+  m.impl("stack_pad_heads", &dfgnn::stack_pad_heads);
 }

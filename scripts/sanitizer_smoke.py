@@ -70,3 +70,22 @@ for dtype in (torch.float32, torch.bfloat16):
                 torch.autograd.grad(out, (x, beta), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitizer smoke: all kernel paths ran")
+# the padded projection weights in one kernel (cuda/pad_heads.cu): 1-8 maps,
+# every element size, with and without biases, inside the Transformer layer
+from pyg_dfgnn.ops.fused import _ext  # noqa: E402
+for dtype in (torch.float32, torch.bfloat16, torch.float64):
+    for n, heads, chans, width, fin in ((1, 8, 10, 12, 64), (4, 8, 19, 20, 7), (8, 2, 3, 8, 1)):
+        ws = [torch.randn(heads * chans, fin, device="cuda", dtype=dtype) for _ in range(n)]
+        bs = [torch.randn(heads * chans, device="cuda", dtype=dtype) for _ in range(n)]
+        _ext().stack_pad_heads(ws, bs, heads, chans, width)
+        _ext().stack_pad_heads(ws, [], heads, chans, width)
+from pyg_dfgnn.nn import TransformerConv, _padded  # noqa: E402
+_padded.GPU_BOUND_ELEMENTS = 0
+conv = TransformerConv(16, 10, heads=8).cuda()
+xg = torch.randn(60, 16, device="cuda", requires_grad=True)
+ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
+with torch.no_grad():
+    conv(xg, ei)
+conv(xg, ei).sum().backward()
+torch.cuda.synchronize()
+print("sanitizer smoke: done")

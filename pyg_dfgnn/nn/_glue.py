@@ -158,13 +158,88 @@ def pad_heads(t: Tensor, heads: int, chans: int, width: int) -> Tensor:
     return F.pad(v, (0, 0, 0, width - chans)).reshape(heads * width, *t.shape[1:])
 
 
+def _unpad_rows(t: Tensor, heads: int, chans: int, width: int) -> Tensor:
+    """The inverse of :func:`pad_heads`: rows ``chans..width-1`` of every head
+    of a ``[heads * width, ...]`` tensor dropped (one copy; ``t`` itself when
+    nothing is padded)."""
+    if width == chans:
+        return t
+    return t.view(heads, width, -1)[:, :chans].reshape(heads * chans, *t.shape[1:])
+
+
 def _stack_padded(ts, heads: int, chans: int, width: int) -> Tensor:
     """``torch.cat([pad_heads(t, heads, chans, width) for t in ts])`` as one
-    concatenation and one pad: three kernels for any number of maps instead
-    of two per map plus the concatenation (host time of every GPU-bound
-    Transformer call, which rebuilds it from the current parameters)."""
+    concatenation and one pad (three kernels for any number of maps)."""
     t = ts[0] if len(ts) == 1 else torch.cat(ts)
     return pad_heads(t, len(ts) * heads, chans, width)   # (n maps = n x heads heads)
+
+
+def padded_params(ws, bs, heads: int, chans: int, width: int):
+    """``(W, b)``: the weights ``ws`` (``[heads * chans, in]`` each) and biases
+    ``bs`` (``[heads * chans]`` each, or ``None``) stacked, rows padded with
+    zeros to ``width`` per head (:func:`_stack_padded` of each).  On CUDA one
+    op and one kernel (``dfgnn_C::stack_pad_heads``, cuda/pad_heads.cu) instead
+    of ~10 ATen ops and 6 kernels: a GPU-bound call rebuilds them from the
+    current parameters every time, before its GEMM can start (host time,
+    docs/KERNELS.md, session 17).  No autograd: the caller differentiates."""
+    if ws[0].is_cuda and len(ws) <= 8 and _uniform(ws, 2, heads * chans) \
+            and (bs is None or (_uniform(bs, 1, heads * chans)
+                                and bs[0].element_size() == ws[0].element_size())):
+        # (checked here: the op's own checks throw C++ exceptions, which must not
+        # be what a caller relies on)
+        from ..ops.fused import _ext
+        w, b = _ext().stack_pad_heads(list(ws), [] if bs is None else list(bs),
+                                      heads, chans, width)
+        return w, (None if bs is None else b)
+    return (_stack_padded(ws, heads, chans, width),
+            None if bs is None else _stack_padded(bs, heads, chans, width))
+
+
+class _PaddedParams(torch.autograd.Function):
+    """:func:`padded_params` of one map with autograd: the gradients of the
+    padded weight and bias are theirs with the padding rows dropped (one
+    autograd node and one op instead of a pad and its backward per tensor)."""
+
+    @staticmethod
+    def forward(ctx, meta, w, b):
+        ctx.meta = meta
+        wp, bp = padded_params([w], None if b is None else [b], *meta)
+        return wp, bp
+
+    @staticmethod
+    def backward(ctx, dw, db):
+        heads, chans, width = ctx.meta
+        return (None, None if dw is None else _unpad_rows(dw, heads, chans, width),
+                None if db is None else _unpad_rows(db, heads, chans, width))
+
+
+def padded_weight(w: Tensor, b: Optional[Tensor], heads: int, chans: int, width: int):
+    """``(pad_heads(w), pad_heads(b))``, differentiable, from one op on CUDA
+    (:func:`padded_params`)."""
+    if not torch.is_grad_enabled() or not (w.requires_grad or (b is not None and b.requires_grad)):
+        return padded_params([w], None if b is None else [b], heads, chans, width)
+    return _PaddedParams.apply((heads, chans, width), w, b)
+
+
+def _uniform(ts, dim: int, rows: int) -> bool:
+    """Tensors of one dtype and device, ``dim`` dimensions, ``rows`` rows and
+    one shape: what ``dfgnn_C::stack_pad_heads`` takes."""
+    t0 = ts[0]
+    return all(t.dim() == dim and t.size(0) == rows and t.shape == t0.shape
+               and t.dtype == t0.dtype and t.device == t0.device for t in ts)
+
+
+def _project(meta, x: Tensor, params):
+    """The GEMM of :class:`_Projections`: ``(x, W)`` as used (in the autocast
+    dtype) and the ``n`` column-block views ``[N, heads, width]``."""
+    heads, chans, width, dtype, _ = meta
+    ws, bs = params[0::2], params[1::2]   # (biases: all tensors, or all None)
+    w, b = padded_params(ws, None if bs[0] is None else bs, heads, chans, width)
+    if dtype is not None:   # autocast: compute in its dtype, as F.linear would
+        x, w = x.to(dtype), w.to(dtype)
+        b = None if b is None else b.to(dtype)
+    y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
+    return x, w, tuple(t.view(-1, heads, width) for t in y.split(heads * width, dim=1))
 
 
 class _Projections(torch.autograd.Function):
@@ -180,18 +255,12 @@ class _Projections(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, meta, x, *params):
-        heads, chans, width, dtype, gemv = meta
-        ws, bs = params[0::2], params[1::2]   # (biases: all tensors, or all None)
+        ws, bs = params[0::2], params[1::2]
         ctx.dtypes = (x.dtype, [w.dtype for w in ws], [None if b is None else b.dtype for b in bs])
         ctx.meta, ctx.n = meta, len(ws)
-        w = _stack_padded(ws, heads, chans, width)
-        b = None if bs[0] is None else _stack_padded(bs, heads, chans, width)
-        if dtype is not None:   # autocast: compute in its dtype, as F.linear would
-            x, w = x.to(dtype), w.to(dtype)
-            b = None if b is None else b.to(dtype)
-        ctx.save_for_backward(x, w)
-        y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
-        return tuple(t.view(-1, heads, width) for t in y.split(heads * width, dim=1))
+        xc, w, outs = _project(meta, x, params)
+        ctx.save_for_backward(xc, w)
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -205,18 +274,15 @@ class _Projections(torch.autograd.Function):
         dw = (g.t() @ x) if any(ctx.needs_input_grad[2::2]) else None
         db = (_column_sum(g) if gemv else g.sum(0)) \
             if any(ctx.needs_input_grad[3::2]) and b_dts[0] is not None else None
+        # the padding rows dropped from all maps at once (one copy per kind),
+        # then each map's rows as a view
+        dws, dbs = ([None] * ctx.n if d is None else
+                    _unpad_rows(d, ctx.n * heads, chans, width).split(heads * chans)
+                    for d in (dw, db))
         out = []
         for i in range(ctx.n):
-            blk = slice(i * heads * width, (i + 1) * heads * width)
-            for d, dts in ((dw, w_dts), (db, b_dts)):
-                if d is None:
-                    out.append(None)
-                    continue
-                t = d[blk]
-                if width != chans:
-                    t = t.reshape(heads, width, -1)[:, :chans].reshape(heads * chans,
-                                                                          *t.shape[1:])
-                out.append(t.to(dts[i]))
+            out += [None if dws[i] is None else dws[i].to(w_dts[i]),
+                    None if dbs[i] is None else dbs[i].to(b_dts[i])]
         return (None, dx, *out)
 
 
@@ -240,6 +306,11 @@ def fused_projections(lins, x: Tensor, heads: int, chans: int, width: int):
         params += [w, b]
     if _global_hooks():
         return None
+    if not torch.is_grad_enabled() or not (
+            x.requires_grad or any(p is not None and p.requires_grad for p in params)):
+        # nothing to differentiate (inference, validation): the GEMM without
+        # the autograd Function's Python wrapper
+        return _project((heads, chans, width, _autocast_dtype(x), False), x, params)[2]
     # (whether the bias gradient is a GEMV is decided here: grad mode is off
     # inside an autograd Function's forward, which _use reads)
     gemv = _use(x, x.size(0), len(lins) * heads * width)

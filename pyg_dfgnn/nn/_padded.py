@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..schedule import padded_width
-from ._glue import apply_linear, linear, pad_heads
+from ._glue import apply_linear, linear, padded_weight
 
 
 #: below this many projected elements (rows x heads x features) a layer call is
@@ -70,9 +70,9 @@ def padded_linear(lin, x: Tensor, heads: int, chans: int, width: int) -> Optiona
         return apply_linear(lin, x).view(-1, heads, chans)
     if not paddable(lin, heads, chans):
         return None
-    b = getattr(lin, "bias", None)
-    wp = pad_heads(lin.weight, heads, chans, width)
-    bp = pad_heads(b, heads, chans, width) if b is not None else None
+    # the padded weight and bias from one op (one kernel on CUDA) and one
+    # autograd node (:func:`._glue.padded_weight`)
+    wp, bp = padded_weight(lin.weight, getattr(lin, "bias", None), heads, chans, width)
     return linear(x, wp, bp).view(-1, heads, width)
 
 

@@ -96,15 +96,26 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         lin_edge = self.lin_edge
         if lin_edge is None and implied_edge_attr(edge_index, edge_attr) is not None:
             return None
-        qkv = None
+        qkv = skip = None
+        lin_beta = self.lin_beta
         if (xs[0] is xs[1] and xs[0].device.type in _FUSED_PROJECTION_DEVICES
                 and gpu_bound(xs[0].size(0), H, C) and not torch.compiler.is_compiling()):
             # one GEMM and one autograd node for the three projections; q / k / v
             # are its column blocks, which the CUDA kernels read row-strided
-            qkv = fused_projections((self.lin_query, self.lin_key, self.lin_value), xs[0], H, C,
-                                    width)
+            lins = (self.lin_query, self.lin_key, self.lin_value)
+            if (not torch.is_grad_enabled() and self.concat and self.root_weight
+                    and lin_beta is None):
+                # without autograd (inference, validation) the skip projection is
+                # the GEMM's 4th block; with it, the skip stays a GEMM of its
+                # own, whose output dies after the add (the q / k / v blocks live
+                # on for the backward, and a 4th block would live with them)
+                qkv = fused_projections(lins + (self.lin_skip,), xs[0], H, C, width)
+                if qkv is not None:
+                    skip = qkv[3]
+            if qkv is None:
+                qkv = fused_projections(lins, xs[0], H, C, width)
         if qkv is not None:
-            q, k, v = qkv
+            q, k, v = qkv[:3]
         else:
             q = padded_linear(self.lin_query, xs[1], H, C, width)
             k = padded_linear(self.lin_key, xs[0], H, C, width)
@@ -123,7 +134,8 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         out, _ = dot_attention(adj.graph, q, k, v, edge, 1.0 / math.sqrt(C),
                                self._fused_dropout, False)
         out = unpad(out, C)   # [N, H, C] view of the padded result
-        lin_beta = self.lin_beta
+        if skip is not None:
+            return (out + unpad(skip, C)).view(-1, H * C)
         if self.concat and self.root_weight and lin_beta is None:
             # slice + skip connection in one pass
             return (out + apply_linear(self.lin_skip, xs[1]).view(-1, H, C)).view(-1, H * C)

@@ -233,3 +233,146 @@ def test_transformer_fused_projections_match_pyg(kw, monkeypatch):
     check_equivalence(pygnn.TransformerConv, dnn.TransformerConv, dict(in_channels=6, **kw),
                       ((feats(n, 6, "cpu"), feats(n, 6, "cpu", seed=1)), ei), call)
     assert not calls
+
+
+@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=2, out_channels=4,
+                                bias=False), dict(heads=2, out_channels=4, concat=False),
+                                dict(heads=2, out_channels=4, beta=True)])
+@pytest.mark.parametrize("width", [None, 12])
+def test_transformer_no_grad_folds_the_skip_projection(kw, width, monkeypatch):
+    """Without autograd, a GPU-bound Transformer call (forced on the CPU here)
+    projects q, k, v and the skip connection with one GEMM (4 column blocks)
+    where PyG's layer adds ``lin_skip(x)`` unchanged (``concat``, no ``beta``);
+    otherwise 3 blocks.  Same output as PyG's layer in float64, padded or not."""
+    from pyg_dfgnn.nn import transformer_conv as tc
+    monkeypatch.setattr(tc, "_FUSED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    if width is not None:
+        monkeypatch.setattr(tc, "kernel_width", lambda c, x, h=1: max(c, width))
+    calls = record_lins(monkeypatch)
+    torch.manual_seed(0)
+    ei = torch.randint(0, 12, (2, 40))
+    ref = pygnn.TransformerConv(in_channels=6, **kw).double()
+    ours = dnn.TransformerConv(in_channels=6, **kw).double()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(12, 6, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, ei), ref(x, ei), rtol=1e-12, atol=1e-12)
+    folds = kw.get("concat", True) and not kw.get("beta", False)
+    assert calls == [4 if folds else 3]
+    calls.clear()
+    ours(x.requires_grad_(), ei).sum().backward()   # with autograd: q / k / v only
+    assert calls == [3]
+
+
+def record_lins(monkeypatch) -> list:
+    """The number of maps of every ``fused_projections`` call."""
+    calls: list = []
+    fn = _glue.fused_projections
+
+    def recorded(lins, *args):
+        calls.append(len(lins))
+        return fn(lins, *args)
+    monkeypatch.setattr(transformer_conv, "fused_projections", recorded)
+    return calls
+
+
+@pytest.mark.parametrize("n_maps", [1, 3, 4])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("width", [5, 8])
+def test_padded_params_equal_the_padded_maps(n_maps, bias, width):
+    """``padded_params``: the stacked weights and biases, zero rows
+    ``chans..width-1`` in every head (on the CPU the ATen path, whose layout
+    the CUDA op is checked against in test_stack_pad_heads_op_on_cuda)."""
+    heads, chans, fin = 3, 5, 4
+    torch.manual_seed(0)
+    ws = [torch.randn(heads * chans, fin) for _ in range(n_maps)]
+    bs = [torch.randn(heads * chans) for _ in range(n_maps)] if bias else None
+    w, b = _glue.padded_params(ws, bs, heads, chans, width)
+    assert w.shape == (n_maps * heads * width, fin)
+    wv = w.view(n_maps, heads, width, fin)
+    for i in range(n_maps):
+        assert torch.equal(wv[i, :, :chans], ws[i].view(heads, chans, fin))
+    assert (wv[:, :, chans:] == 0).all()
+    if bias:
+        bv = b.view(n_maps, heads, width)
+        for i in range(n_maps):
+            assert torch.equal(bv[i, :, :chans], bs[i].view(heads, chans))
+        assert (bv[:, :, chans:] == 0).all()
+    else:
+        assert b is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("n_maps,heads,chans,width,fin", [
+    (1, 8, 10, 12, 64), (3, 8, 10, 12, 64), (4, 8, 19, 20, 80), (4, 4, 64, 64, 64),
+    (2, 1, 7, 8, 3), (8, 2, 3, 8, 1)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_stack_pad_heads_op_on_cuda(dtype, n_maps, heads, chans, width, fin, bias, monkeypatch):
+    """The CUDA op (one kernel) equals the ATen concatenation + pad bit for
+    bit; outputs are poisoned first through the caching allocator, so an
+    unwritten element shows.  (Its argument checks are not tested here: they
+    throw C++ exceptions, which crashed the process on the device's build;
+    ``padded_params`` never passes what they refuse, see the next test.)"""
+    from pyg_dfgnn.ops.fused import _ext
+    torch.manual_seed(0)
+    dev = "cuda"
+    ws = [torch.randn(heads * chans, fin, device=dev).to(dtype) for _ in range(n_maps)]
+    bs = [torch.randn(heads * chans, device=dev).to(dtype) for _ in range(n_maps)]
+    if not bias:
+        bs = None
+    rows = n_maps * heads * width
+    torch.full((rows * fin + rows + 4096,), float("nan"), device=dev, dtype=dtype)  # poison
+    with monkeypatch.context() as m:     # (the op, not the ATen path, computes them)
+        m.setattr(_glue, "_stack_padded", None)
+        w, b = _glue.padded_params(ws, bs, heads, chans, width)
+    assert torch.equal(w, _glue._stack_padded(ws, heads, chans, width))
+    if bias:
+        assert torch.equal(b, _glue._stack_padded(bs, heads, chans, width))
+    else:
+        assert b is None
+    # a strided weight is read as it is meant (the op makes it contiguous)
+    wt = [torch.randn(fin, heads * chans, device=dev).to(dtype).t() for _ in range(n_maps)]
+    w2, _ = _ext().stack_pad_heads(wt, [], heads, chans, width)
+    assert torch.equal(w2, _glue._stack_padded([t.contiguous() for t in wt], heads, chans, width))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_padded_params_take_the_aten_path_for_what_the_op_does_not_take():
+    """Mixed dtypes, shapes or devices never reach the CUDA op (whose checks
+    throw C++ exceptions): ``padded_params`` takes the ATen path, which either
+    computes the same stack or raises PyTorch's own error."""
+    w = torch.randn(10, 4, device="cuda")
+    mixed = [w, w.double()]              # (torch.cat promotes the dtypes)
+    w2, _ = _glue.padded_params(mixed, None, 2, 5, 8)
+    assert torch.equal(w2, _glue._stack_padded(mixed, 2, 5, 8))
+    with pytest.raises(RuntimeError):
+        _glue.padded_params([w, torch.randn(10, 5, device="cuda")], None, 2, 5, 8)
+    with pytest.raises(RuntimeError):
+        _glue.padded_params([w, torch.randn(10, 4)], None, 2, 5, 8)
+    w3, b3 = _glue.padded_params([w], [torch.randn(10, device="cuda", dtype=torch.float16)],
+                                 2, 5, 8)
+    assert b3.dtype == torch.float16 and torch.equal(w3, _glue._stack_padded([w], 2, 5, 8))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_padded_weight_gradcheck(bias, device):
+    """``padded_weight`` (one op, one autograd node): the padded weight and
+    bias, gradients through the padding rows dropped (gradcheck in float64;
+    on CUDA the one-kernel op)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(0)
+    w = torch.randn(6, 3, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, device=device, requires_grad=True) if bias else None
+    wp, bp = _glue.padded_weight(w, b, 2, 3, 5)
+    assert torch.equal(wp, _glue.pad_heads(w, 2, 3, 5))
+    assert (bp is None) == (not bias)
+    if bias:
+        assert torch.equal(bp, _glue.pad_heads(b, 2, 3, 5))
+    assert torch.autograd.gradcheck(
+        lambda *t: tuple(o for o in _glue.padded_weight(*t, 2, 3, 5) if o is not None), (w, b))
