@@ -372,8 +372,9 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
 }
 
 // dtype x index x vector-width dispatch.  The op registration pads feature
-// rows to a multiple of a 16- or 8-byte vector and aligns them (dfgnn_ops.cpp:
-// fit_features), so there is no scalar instantiation.
+// rows to a multiple of a 16- or 8-byte vector (4-byte for GAT in fp16 / bf16: a
+// width of 2 mod 4 such as 8 x 10 runs unpadded, no copies) and aligns them
+// (dfgnn_ops.cpp: fit_features), so there is no scalar instantiation.
 template <int KIND, template <int, typename, typename, int> class Fn, typename... Args>
 void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
   const at::Tensor& v = KIND == GATV2 ? fa.src : fa.val;
@@ -382,20 +383,21 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
   auto go = [&](auto tag) {
     using T = decltype(tag);
     constexpr int VMAX = 16 / sizeof(T);
-    const bool full = F % VMAX == 0;
+    constexpr int VMIN = (sizeof(T) == 2 && KIND == GAT) ? VMAX / 4 : VMAX / 2;
     const bool vec_tensors_ok =
         aligned16(fa.val) && (KIND == GAT || (aligned16(fa.dst) && aligned16(fa.src) &&
                                               aligned16(fa.edge) &&
                                               (dot_like(KIND) || aligned16(fa.att))));
-    TORCH_CHECK(F % (VMAX / 2) == 0 && vec_tensors_ok,
+    TORCH_CHECK(F % VMIN == 0 && vec_tensors_ok,
                 "pyg_dfgnn: internal error: feature rows not padded/aligned to a vector");
-    if (i64) {
-      if (full) Fn<KIND, T, int64_t, VMAX>::run(gr, fa, args...);
-      else Fn<KIND, T, int64_t, VMAX / 2>::run(gr, fa, args...);
-    } else {
-      if (full) Fn<KIND, T, int32_t, VMAX>::run(gr, fa, args...);
-      else Fn<KIND, T, int32_t, VMAX / 2>::run(gr, fa, args...);
-    }
+    auto by_index = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      if (i64) Fn<KIND, T, int64_t, V>::run(gr, fa, args...);
+      else Fn<KIND, T, int32_t, V>::run(gr, fa, args...);
+    };
+    if (F % VMAX == 0) by_index(std::integral_constant<int, VMAX>());
+    else if (F % (VMAX / 2) == 0) by_index(std::integral_constant<int, VMAX / 2>());
+    else if constexpr (VMIN < VMAX / 2) by_index(std::integral_constant<int, VMIN>());
   };
   switch (v.scalar_type()) {
     case at::kFloat: go(float()); break;

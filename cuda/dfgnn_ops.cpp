@@ -91,19 +91,25 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
 
 // ------------------------------------------------------------ feature layout
 // The kernels load features in 16-byte vectors, or 8-byte ones where F is not a
-// multiple of the 16-byte vector, so every head of a row must start on a
-// vector boundary.  A width that is a multiple of the 8-byte vector (8 x 10
-// fp32, 4 x 12 bf16, ...) runs as it is: no copy.  Other widths (8 x 19 fp32,
-// 8 x 10 bf16, ...) are zero-padded here instead of running a scalar path:
+// multiple of the 16-byte vector, or (GAT in fp16 / bf16) 4-byte ones where F is
+// not a multiple of the 8-byte vector, so every head of a row must start on a
+// vector boundary.  A width that is a multiple of the narrowest vector (8 x 10
+// fp32, GAT's 8 x 10 bf16 since session 17, 4 x 12 bf16, ...) runs as it is: no
+// copy.  Other widths (8 x 19 fp32 or bf16, the vector-score kinds' 8 x 10 bf16,
+// ...) are zero-padded here instead of running a scalar path:
 // zero features add nothing to scores, dP or Delta, and the padded output /
 // gradient columns are sliced off.  The padded width is a 16-byte multiple, or
 // an 8-byte one where the 16-byte multiple would pad by more than a quarter.
 // (Layers on GPU-bound calls project straight into a padded width themselves:
 // pyg_dfgnn/nn/_padded.py.)  Tensors that are not 16-byte aligned (views into a
 // larger buffer) are copied.
-int64_t padded_width(int64_t F, at::ScalarType dt) {
-  const int64_t vmax = 16 / (int64_t)c10::elementSize(dt), half = vmax / 2;
-  if (F % half == 0) return F;
+int64_t padded_width(int64_t F, at::ScalarType dt, int64_t kind) {
+  const int64_t es = (int64_t)c10::elementSize(dt), vmax = 16 / es, half = vmax / 2;
+  // the narrowest vector instantiated (attention_launch.cuh, dispatch): 8 bytes, 4
+  // for GAT's 2-byte types (its vector-score siblings ran 1.4-1.7x longer on
+  // 4-byte loads than on a padded 8-byte width: docs/KERNELS.md, session 17)
+  const int64_t vmin = (es == 2 && kind == 0) ? half / 2 : half;
+  if (F % vmin == 0) return F;
   int64_t fp = (F + vmax - 1) / vmax * vmax;
   if ((fp - F) * 4 > F) fp = (F + half - 1) / half * half;
   return fp;
@@ -164,7 +170,7 @@ Layout fit_features(int64_t kind, FeatArgs& f) {
   const auto dt = f.src.scalar_type();
   if (kind == 0) {  // GAT: only the value rows (and the output bias) are vectors
     l.F = f.val.size(2);
-    l.Fp = padded_width(l.F, dt);
+    l.Fp = padded_width(l.F, dt, kind);
     f.val = fit(f.val, l.Fp);
     f.att = fit(f.att, l.Fp);
   } else {
@@ -173,7 +179,7 @@ Layout fit_features(int64_t kind, FeatArgs& f) {
     const at::Tensor& v = kind == 1 ? f.src : f.val;
     l.F = v.size(2);
     int64_t w = std::max<int64_t>(l.F, f.src.size(2));
-    l.Fp = padded_width(w, dt);
+    l.Fp = padded_width(w, dt, kind);
     // keys that are the values stay one tensor (AGNN's kernels gather it once)
     const bool kv = keys_are_values(kind, f);
     for (auto* t : {&f.dst, &f.src, &f.val, &f.edge}) *t = fit(*t, l.Fp);

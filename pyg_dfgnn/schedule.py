@@ -149,20 +149,27 @@ def padded_width(feat: int, dtype: torch.dtype) -> int:
     return fp
 
 
-def op_width(feat: int, dtype: torch.dtype) -> int:
-    """Feature width the CUDA op runs a ``feat``-wide head at
-    (cuda/dfgnn_ops.cpp: padded_width): ``feat`` itself when it is a multiple
-    of the 8-byte vector (no copy), else :func:`padded_width` (the op pads)."""
+def _vmin(dtype: torch.dtype, kind: int = -1) -> int:
+    """Elements of the narrowest vector the CUDA kernels are built for: 8
+    bytes, 4 for GAT (kind 0) in fp16 / bf16 (cuda/attention_launch.cuh:
+    dispatch)."""
     _, half = _vectors(dtype)
-    return feat if feat % half == 0 else padded_width(feat, dtype)
+    return max(half // 2, 1) if kind == 0 and dtype in (torch.float16, torch.bfloat16) else half
+
+
+def op_width(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
+    """Feature width the CUDA op runs a ``feat``-wide head of model ``kind`` at
+    (cuda/dfgnn_ops.cpp: padded_width): ``feat`` itself when it is a multiple
+    of the narrowest vector (no copy), else :func:`padded_width` (the op pads)."""
+    return feat if feat % _vmin(dtype, kind) == 0 else padded_width(feat, dtype)
 
 
 def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     """Lanes per (row, head) the kernel picks (cuda/attention_launch.cuh:
     choose_group) for the width it runs at."""
     vmax, half = _vectors(dtype)
-    fp = op_width(feat, dtype)
-    vec = vmax if fp % vmax == 0 else half
+    fp = op_width(feat, dtype, kind)
+    vec = vmax if fp % vmax == 0 else (half if fp % half == 0 else _vmin(dtype, kind))
     need = -(-fp // (vec * chunks_for(vec)))
     g = 4 if kind == 0 else 1   # GAT (kind 0) keeps >= 4 lanes
     while g < 32 and g < need:

@@ -129,5 +129,7 @@ def test_auto_group_and_split():
     assert schedule.auto_group(19, torch.float32) == 4      # 20 = 5 float4 -> 3 -> 4 lanes
     assert schedule.auto_group(256, torch.bfloat16) == 32
     assert schedule.auto_group(64, torch.bfloat16) == 8
+    assert schedule.auto_group(10, torch.bfloat16) == 2     # padded to 12 = 3 x 4 bf16: 2 lanes x 2
+    assert schedule.auto_group(10, torch.bfloat16, kind=0) == 4   # GAT: 5 bf16x2 -> 4 lanes, no copy
     s = schedule.auto_split(1_400_000, 4, 8, torch.device("cpu"))
     assert schedule.MIN_SPLIT <= s <= schedule.MAX_SPLIT and s & (s - 1) == 0

@@ -86,7 +86,7 @@ def test_fp32_matches_reference(kind, feat, edge):
 
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("feat", [8, 64])
+@pytest.mark.parametrize("feat", [6, 8, 10, 64])   # (6, 10: 4-byte vectors, unpadded)
 def test_half_precision(kind, dtype, feat):
     ei = random_graph(200, 200, 2000)
     check(kind, ei, 200, 200, 2, feat, dtype, edge=True, seed=1)

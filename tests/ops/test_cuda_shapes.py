@@ -39,7 +39,7 @@ def test_narrow_groups(kind, group, feat):
     ("padded_width", 10, torch.bfloat16, 12),
     ("padded_width", 19, torch.bfloat16, 20),
     ("padded_width", 16, torch.bfloat16, 16),
-    # the op copies only widths that are not a multiple of the 8-byte vector
+    # the op copies only widths that are not a multiple of the narrowest vector
     ("op_width", 10, torch.float32, 10),
     ("op_width", 6, torch.float32, 6),
     ("op_width", 19, torch.float32, 20),
@@ -50,6 +50,19 @@ def test_narrow_groups(kind, group, feat):
 ])
 def test_padded_width_mirrors_kernel(fn, width, dtype, expected):
     assert getattr(schedule, fn)(width, dtype) == expected
+
+
+@pytest.mark.parametrize("width,dtype,kind,expected", [
+    (10, torch.bfloat16, 0, 10),     # GAT: 4-byte vectors for halves, no copy
+    (6, torch.float16, 0, 6),
+    (3, torch.bfloat16, 0, 4),
+    (19, torch.bfloat16, 0, 20),
+    (10, torch.float32, 0, 10),
+    (10, torch.bfloat16, 1, 12),     # GATv2, dot: padded to the 8-byte vector
+    (10, torch.float16, 2, 12),
+])
+def test_op_width_per_kind(width, dtype, kind, expected):
+    assert schedule.op_width(width, dtype, kind) == expected
 
 
 def test_dot_value_width_differs_from_key_width():
