@@ -182,7 +182,8 @@ def padded_params(ws, bs, heads: int, chans: int, width: int):
     of ~10 ATen ops and 6 kernels: a GPU-bound call rebuilds them from the
     current parameters every time, before its GEMM can start (host time,
     docs/KERNELS.md, session 17).  No autograd: the caller differentiates."""
-    if ws[0].is_cuda and len(ws) <= 8 and _uniform(ws, 2, heads * chans) \
+    if ws[0].is_cuda and len(ws) <= 8 and not torch.compiler.is_compiling() \
+            and _uniform(ws, 2, heads * chans) \
             and (bs is None or (_uniform(bs, 1, heads * chans)
                                 and bs[0].element_size() == ws[0].element_size())):
         # (checked here: the op's own checks throw C++ exceptions, which must not
@@ -215,7 +216,11 @@ class _PaddedParams(torch.autograd.Function):
 
 def padded_weight(w: Tensor, b: Optional[Tensor], heads: int, chans: int, width: int):
     """``(pad_heads(w), pad_heads(b))``, differentiable, from one op on CUDA
-    (:func:`padded_params`)."""
+    (:func:`padded_params`); the ATen pads themselves while compiling
+    (Inductor traces and fuses them; the CUDA op has no fake kernel)."""
+    if torch.compiler.is_compiling():
+        return (pad_heads(w, heads, chans, width),
+                None if b is None else pad_heads(b, heads, chans, width))
     if not torch.is_grad_enabled() or not (w.requires_grad or (b is not None and b.requires_grad)):
         return padded_params([w], None if b is None else [b], heads, chans, width)
     return _PaddedParams.apply((heads, chans, width), w, b)

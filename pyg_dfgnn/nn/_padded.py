@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..schedule import padded_width
+from ..schedule import op_width, padded_width
 from ._glue import apply_linear, linear, padded_weight
 
 
@@ -30,7 +30,8 @@ from ._glue import apply_linear, linear, padded_weight
 #: passes they save, and the op's own padding (inside the C++ op, no autograd
 #: nodes) is cheaper.  Measured on H100/H200 (docs/KERNELS.md): a PATTERN batch
 #: (26-128 graphs, 0.5-3.9M elements) got slower, a 100k-node graph (8-26M)
-#: faster.
+#: faster.  (The Transformer pads its small calls too, where the op would: its
+#: fused q / k / v GEMM makes that cheaper on both counts, see kernel_width.)
 GPU_BOUND_ELEMENTS = 1 << 22
 
 
@@ -39,15 +40,24 @@ def gpu_bound(rows: int, heads: int, chans: int) -> bool:
     return rows * heads * chans >= GPU_BOUND_ELEMENTS
 
 
-def kernel_width(chans: int, x: Tensor, heads: int = 1) -> int:
-    """The head width a layer should project to for the CUDA kernels: the padded
-    width for ``x``'s dtype on a GPU-bound call, else ``chans`` (CPU, float64,
-    small calls: the op pads internally if it must)."""
+def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
+                 pad_small: bool = False) -> int:
+    """The head width a layer of model ``kind`` (0 GAT, 1 GATv2, 2 dot) should
+    project to for the CUDA kernels: the padded width for ``x``'s dtype on a
+    GPU-bound call.  On a smaller CUDA call, with ``pad_small``, the width the
+    op would pad to anyway (:func:`pyg_dfgnn.schedule.op_width`: ``chans`` where
+    the kernels take it as it is, e.g. 8 x 10 fp32), so that the projection
+    writes it and the op copies nothing -- the Transformer's choice, whose
+    q / k / v then come from one GEMM (GPU time of a forward+backward on PATTERN
+    batches 0.81-0.86x, wall time 0.87-1.0x; GAT's and GATv2's own padded
+    projections saved 4-9 % GPU time but cost 4-18 % more wall time there, so
+    they let the op pad: docs/KERNELS.md, session 17); else ``chans``.
+    ``chans`` on the CPU and in float64."""
     if not x.is_cuda or x.dtype == torch.float64:
         return chans
-    if not gpu_bound(x.size(0), heads, chans):
-        return chans
     dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+    if not gpu_bound(x.size(0), heads, chans):
+        return op_width(chans, dt, kind) if pad_small else chans
     return padded_width(chans, dt)
 
 

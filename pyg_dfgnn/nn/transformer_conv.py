@@ -10,7 +10,7 @@ from torch import Tensor
 from torch_geometric.nn.conv.transformer_conv import TransformerConv as _PyGTransformerConv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
-from ..ops import dot_attention
+from ..ops import DOT, dot_attention
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
 from ._glue import apply_linear, fused_projections
@@ -23,7 +23,9 @@ from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 #: of a gathered row then lie side by side: the attention kernels ran 2-9 %
 #: faster on an H100, docs/KERNELS.md, session 14); on the CPU the kernels take
 #: contiguous rows, so the blocks would be copied.  Host-bound calls keep the
-#: three projections: the fused one saved no host time there.
+#: three projections (the fused one saved no host time there) unless they
+#: project into a padded width (8 x 10 bf16, 8 x 19): then one GEMM writes the
+#: padded q / k / v and the op copies nothing (session 17).
 _FUSED_PROJECTION_DEVICES = ("cuda",)
 
 
@@ -92,14 +94,15 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         H, C = self.heads, self.out_channels
         if self._fused_fallback_reason(xs[0], xs[1]) is not None:
             return None
-        width = kernel_width(C, xs[0], H)
+        width = kernel_width(C, xs[0], H, DOT, pad_small=True)
         lin_edge = self.lin_edge
         if lin_edge is None and implied_edge_attr(edge_index, edge_attr) is not None:
             return None
         qkv = skip = None
         lin_beta = self.lin_beta
         if (xs[0] is xs[1] and xs[0].device.type in _FUSED_PROJECTION_DEVICES
-                and gpu_bound(xs[0].size(0), H, C) and not torch.compiler.is_compiling()):
+                and (width != C or gpu_bound(xs[0].size(0), H, C))
+                and not torch.compiler.is_compiling()):
             # one GEMM and one autograd node for the three projections; q / k / v
             # are its column blocks, which the CUDA kernels read row-strided
             lins = (self.lin_query, self.lin_key, self.lin_value)

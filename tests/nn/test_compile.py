@@ -142,3 +142,31 @@ def test_compiled_layer_reports_bad_edge_index():
     compiled = torch.compile(conv, dynamic=True, backend="aot_eager")
     with pytest.raises(ValueError, match="edge_index"):
         compiled(x, bad)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["gat", "gatv2", "transformer"])
+def test_padded_cuda_calls_compile_without_graph_breaks(name, monkeypatch):
+    """CUDA calls that project into the kernels' padded head width (10 -> 12
+    here; every call is made GPU-bound) compile without a graph break and
+    match eager: while compiling the padding is ATen ops (the one-kernel
+    ``stack_pad_heads`` op has no fake kernel; nn/_glue.py, padded_weight)."""
+    from pyg_dfgnn.nn import GATv2Conv, _padded
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    torch.manual_seed(0)
+    conv = {"gat": lambda: GATConv(F_IN, 10, heads=2),
+            "gatv2": lambda: GATv2Conv(F_IN, 10, heads=2),
+            "transformer": lambda: TransformerConv(F_IN, 10, heads=2)}[name]().cuda()
+    x = torch.randn(N, F_IN, device="cuda")
+    ei = random_edge_index(N, N, E, seed=5).cuda()
+    assert _padded.kernel_width(10, x, 2) == 12
+    n, reasons = _breaks(conv, x, ei)
+    assert n == 0, reasons
+    torch._dynamo.reset()
+    xs = x.clone().requires_grad_(True)
+    out = torch.compile(conv, dynamic=True, fullgraph=True, backend="aot_eager")(xs, ei)
+    expect = conv(x.clone().requires_grad_(True), ei)
+    torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-5)
+    out.square().sum().backward()
+    assert xs.grad is not None and torch.isfinite(xs.grad).all()

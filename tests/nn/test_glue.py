@@ -248,7 +248,7 @@ def test_transformer_no_grad_folds_the_skip_projection(kw, width, monkeypatch):
     monkeypatch.setattr(tc, "_FUSED_PROJECTION_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     if width is not None:
-        monkeypatch.setattr(tc, "kernel_width", lambda c, x, h=1: max(c, width))
+        monkeypatch.setattr(tc, "kernel_width", lambda c, x, h=1, kind=-1, pad_small=False: max(c, width))
     calls = record_lins(monkeypatch)
     torch.manual_seed(0)
     ei = torch.randint(0, 12, (2, 40))

@@ -33,7 +33,7 @@ CASES = [
 def force_padding(monkeypatch):
     calls = []
 
-    def width(chans, x, heads=1):
+    def width(chans, x, heads=1, kind=-1, pad_small=False):
         calls.append(chans)
         return padded_width(chans, torch.float32)
     for mod in (transformer_conv, gatv2_conv, gat_conv):
@@ -65,6 +65,27 @@ def test_padded_linear_layout():
     assert torch.equal(y[..., 3], torch.zeros(4, 2))
     torch.testing.assert_close(y[..., :3], lin(x).view(4, 2, 3))
     assert _padded.kernel_width(10, x) == 10          # CPU: nothing padded
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("chans,dtype,kind,small,large", [
+    (10, torch.float32, 2, 10, 12),     # the op runs 10 fp32 as it is (float2)
+    (19, torch.float32, 0, 20, 20),     # the op would pad 19 anyway
+    (10, torch.bfloat16, 2, 12, 12),    # dot / GATv2 pad bf16 10 to 12
+    (10, torch.bfloat16, 1, 12, 12),
+    (10, torch.bfloat16, 0, 10, 12),    # GAT runs it as it is (4-byte vectors)
+    (64, torch.bfloat16, 2, 64, 64),
+])
+def test_kernel_width_on_cuda(chans, dtype, kind, small, large):
+    """Small (host-bound) CUDA calls project to the width the op would pad to
+    anyway where asked (``pad_small``: the Transformer), so the op copies
+    nothing, else to ``chans``; GPU-bound ones to the 16-byte padded width."""
+    x = torch.empty(100, 8, device="cuda", dtype=dtype)
+    assert _padded.kernel_width(chans, x, 8, kind, pad_small=True) == small
+    assert _padded.kernel_width(chans, x, 8, kind) == chans
+    xl = torch.empty(200_000, 8, device="cuda", dtype=dtype)
+    assert _padded.kernel_width(chans, xl, 8, kind) == large
 
 
 def test_gpu_bound_threshold():
