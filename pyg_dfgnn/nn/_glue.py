@@ -237,7 +237,7 @@ def _uniform(ts, dim: int, rows: int) -> bool:
 def _project(meta, x: Tensor, params):
     """The GEMM of :class:`_Projections`: ``(x, W)`` as used (in the autocast
     dtype) and the ``n`` column-block views ``[N, heads, width]``."""
-    heads, chans, width, dtype, _ = meta
+    heads, chans, width, dtype = meta[:4]
     ws, bs = params[0::2], params[1::2]   # (biases: all tensors, or all None)
     w, b = padded_params(ws, None if bs[0] is None else bs, heads, chans, width)
     if dtype is not None:   # autocast: compute in its dtype, as F.linear would
@@ -256,67 +256,112 @@ class _Projections(torch.autograd.Function):
     sum for ``d_b`` (a GEMV where :func:`_use` says so).  Replaces ``n`` linear
     layers' forward ops and their ``n`` ``AddmmBackward`` / ``TBackward`` nodes
     plus the ``n - 1`` additions of the ``d_x`` branches (the host time of an
-    attention layer call)."""
+    attention layer call).
+
+    ``meta[5]`` is ``n``; a last ``(W, b)`` pair beyond it is an *extra* map of
+    the same ``x`` computed by a GEMM of its own into its own ``[N, out]``
+    tensor (the Transformer's skip projection: its output dies after the layer's
+    add, where a column block would live as long as the blocks the attention
+    keeps for backward), in the same autograd node: its ``d_x`` is accumulated
+    into the blocks' by the same GEMM call (``addmm``), with no second node and
+    no addition of ``d_x`` branches."""
 
     @staticmethod
     def forward(ctx, meta, x, *params):
         ws, bs = params[0::2], params[1::2]
+        nb = meta[5]
         ctx.dtypes = (x.dtype, [w.dtype for w in ws], [None if b is None else b.dtype for b in bs])
-        ctx.meta, ctx.n = meta, len(ws)
-        xc, w, outs = _project(meta, x, params)
-        ctx.save_for_backward(xc, w)
-        return outs
+        ctx.meta, ctx.n = meta, nb
+        xc, w, outs = _project(meta, x, params[:2 * nb])
+        if len(ws) == nb:
+            ctx.save_for_backward(xc, w)
+            return outs
+        we, be = ws[nb], bs[nb]
+        dtype = meta[3]
+        if dtype is not None:
+            we = we.to(dtype)
+            be = None if be is None else be.to(dtype)
+        ctx.save_for_backward(xc, w, we)
+        ctx.extra_bias = be is not None
+        return (*outs, xc @ we.t() if be is None else torch.addmm(be, xc, we.t()))
 
     @staticmethod
     def backward(ctx, *grads):
-        x, w = ctx.saved_tensors
-        heads, chans, width, _, gemv = ctx.meta
+        x, w = ctx.saved_tensors[:2]
+        heads, chans, width, _, gemv, nb = ctx.meta
         x_dt, w_dts, b_dts = ctx.dtypes
         n = x.size(0)
+        need = ctx.needs_input_grad
         g = torch.cat([(gi if gi is not None else x.new_zeros(n, heads, width))
-                       .reshape(n, heads * width).to(x.dtype) for gi in grads], dim=1)
-        dx = (g @ w).to(x_dt) if ctx.needs_input_grad[1] else None
-        dw = (g.t() @ x) if any(ctx.needs_input_grad[2::2]) else None
+                       .reshape(n, heads * width).to(x.dtype) for gi in grads[:nb]], dim=1)
+        dx = (g @ w) if need[1] else None
+        dw = (g.t() @ x) if any(need[2:2 + 2 * nb:2]) else None
         db = (_column_sum(g) if gemv else g.sum(0)) \
-            if any(ctx.needs_input_grad[3::2]) and b_dts[0] is not None else None
+            if any(need[3:3 + 2 * nb:2]) and b_dts[0] is not None else None
         # the padding rows dropped from all maps at once (one copy per kind),
         # then each map's rows as a view
-        dws, dbs = ([None] * ctx.n if d is None else
-                    _unpad_rows(d, ctx.n * heads, chans, width).split(heads * chans)
+        dws, dbs = ([None] * nb if d is None else
+                    _unpad_rows(d, nb * heads, chans, width).split(heads * chans)
                     for d in (dw, db))
         out = []
-        for i in range(ctx.n):
+        for i in range(nb):
             out += [None if dws[i] is None else dws[i].to(w_dts[i]),
                     None if dbs[i] is None else dbs[i].to(b_dts[i])]
-        return (None, dx, *out)
+        if len(ctx.saved_tensors) == 3:   # the extra map
+            we = ctx.saved_tensors[2]
+            ge = grads[nb]
+            dwe = dbe = None
+            if ge is not None:
+                ge = ge.reshape(n, -1).to(x.dtype)
+                if dx is not None:
+                    dx = dx.addmm_(ge, we)
+                if need[2 + 2 * nb]:
+                    dwe = (ge.t() @ x).to(w_dts[nb])
+                if ctx.extra_bias and need[3 + 2 * nb]:
+                    dbe = (_column_sum(ge) if gemv else ge.sum(0)).to(b_dts[nb])
+            out += [dwe, dbe]
+        return (None, None if dx is None else dx.to(x_dt), *out)
 
 
-def fused_projections(lins, x: Tensor, heads: int, chans: int, width: int):
+def _plain(lin) -> bool:
+    """A linear map :class:`_Projections` can take: a 2-D initialised weight, a
+    tensor or no bias, PyTorch's or PyG's own forward, no hooks."""
+    w, b = getattr(lin, "weight", None), getattr(lin, "bias", None)
+    return (isinstance(w, Tensor) and isinstance(b, (Tensor, type(None)))
+            and not isinstance(w, torch.nn.parameter.UninitializedParameter)
+            and w.dim() == 2 and type(lin).forward in _PLAIN_FORWARDS
+            and not (lin._forward_hooks or lin._forward_pre_hooks))
+
+
+def fused_projections(lins, x: Tensor, heads: int, chans: int, width: int, extra=None):
     """``[lin(x).view(-1, heads, chans)]`` for the plain linear maps ``lins``
     (weights ``[heads * chans, in]``, biases on all or none, no hooks) of one ``x``, in
     the kernels' padded head ``width``, as column blocks of one GEMM's output
     (:class:`_Projections`; row-strided ``[N, heads, width]`` views, which the
-    CUDA dot-attention kernels read as they are).  ``None`` where a map is not
-    plain (the caller projects one by one)."""
+    CUDA dot-attention kernels read as they are).  With ``extra`` (a plain
+    linear map of ``x`` of any width), ``extra(x)`` as a last ``[N, out]``
+    output from a GEMM of its own in the same autograd node (with autograd
+    only; the caller folds it into the blocks without).  ``None`` where a map
+    is not plain (the caller projects one by one)."""
     params = []
     for lin in lins:
-        w, b = getattr(lin, "weight", None), getattr(lin, "bias", None)
-        if (not isinstance(w, Tensor) or not isinstance(b, (Tensor, type(None)))
-                or (b is None) != (getattr(lins[0], "bias", None) is None)
-                or isinstance(w, torch.nn.parameter.UninitializedParameter)
-                or w.dim() != 2 or w.size(0) != heads * chans
-                or type(lin).forward not in _PLAIN_FORWARDS
-                or lin._forward_hooks or lin._forward_pre_hooks):
+        if (not _plain(lin) or lin.weight.size(0) != heads * chans
+                or (lin.bias is None) != (lins[0].bias is None)):
             return None
-        params += [w, b]
+        params += [lin.weight, lin.bias]
     if _global_hooks():
         return None
+    nb = len(lins)
     if not torch.is_grad_enabled() or not (
             x.requires_grad or any(p is not None and p.requires_grad for p in params)):
         # nothing to differentiate (inference, validation): the GEMM without
         # the autograd Function's Python wrapper
-        return _project((heads, chans, width, _autocast_dtype(x), False), x, params)[2]
+        return _project((heads, chans, width, _autocast_dtype(x), False, nb), x, params)[2]
+    if extra is not None:
+        if not _plain(extra) or extra.weight.size(1) != x.size(-1):
+            return None
+        params += [extra.weight, extra.bias]
     # (whether the bias gradient is a GEMV is decided here: grad mode is off
     # inside an autograd Function's forward, which _use reads)
-    gemv = _use(x, x.size(0), len(lins) * heads * width)
-    return _Projections.apply((heads, chans, width, _autocast_dtype(x), gemv), x, *params)
+    gemv = _use(x, x.size(0), nb * heads * width)
+    return _Projections.apply((heads, chans, width, _autocast_dtype(x), gemv, nb), x, *params)

@@ -106,15 +106,20 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
             # one GEMM and one autograd node for the three projections; q / k / v
             # are its column blocks, which the CUDA kernels read row-strided
             lins = (self.lin_query, self.lin_key, self.lin_value)
-            if (not torch.is_grad_enabled() and self.concat and self.root_weight
-                    and lin_beta is None):
-                # without autograd (inference, validation) the skip projection is
-                # the GEMM's 4th block; with it, the skip stays a GEMM of its
-                # own, whose output dies after the add (the q / k / v blocks live
-                # on for the backward, and a 4th block would live with them)
-                qkv = fused_projections(lins + (self.lin_skip,), xs[0], H, C, width)
-                if qkv is not None:
-                    skip = qkv[3]
+            if self.concat and self.root_weight and lin_beta is None:
+                if not torch.is_grad_enabled():
+                    # without autograd (inference, validation) the skip projection
+                    # is the GEMM's 4th block
+                    qkv = fused_projections(lins + (self.lin_skip,), xs[0], H, C, width)
+                    if qkv is not None:
+                        skip = unpad(qkv[3], C)
+                else:
+                    # with it, a GEMM of its own in the same autograd node, whose
+                    # output dies after the add (the q / k / v blocks live on for
+                    # the backward, and a 4th block would live with them)
+                    qkv = fused_projections(lins, xs[0], H, C, width, extra=self.lin_skip)
+                    if qkv is not None and len(qkv) == 4:
+                        skip = qkv[3].view(-1, H, C)
             if qkv is None:
                 qkv = fused_projections(lins, xs[0], H, C, width)
         if qkv is not None:
@@ -138,7 +143,7 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
                                self._fused_dropout, False)
         out = unpad(out, C)   # [N, H, C] view of the padded result
         if skip is not None:
-            return (out + unpad(skip, C)).view(-1, H * C)
+            return (out + skip).view(-1, H * C)
         if self.concat and self.root_weight and lin_beta is None:
             # slice + skip connection in one pass
             return (out + apply_linear(self.lin_skip, xs[1]).view(-1, H, C)).view(-1, H * C)

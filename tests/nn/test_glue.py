@@ -194,8 +194,33 @@ def test_fused_projections_gradcheck(width, n_maps):
 
     def f(x, *ps):
         return tuple(o[..., :chans] for o in
-                     _glue._Projections.apply((heads, chans, width, None, False), x, *ps))
+                     _glue._Projections.apply((heads, chans, width, None, False, n_maps), x, *ps))
     assert torch.autograd.gradcheck(f, (x, *[p.detach().requires_grad_(True) for p in params]))
+
+
+@pytest.mark.parametrize("width", [5, 8])
+@pytest.mark.parametrize("extra_bias", [True, False])
+def test_fused_projections_with_an_extra_map_gradcheck(width, extra_bias):
+    """An extra map of its own width (the Transformer's skip projection) as a
+    last output of the same node: equal to the map itself, and gradcheck in
+    float64 through all outputs, ``d_x`` summed over the blocks and the extra."""
+    heads, chans, n, fin = 2, 5, 7, 4
+    torch.manual_seed(1)
+    lins = [torch.nn.Linear(fin, heads * chans).double() for _ in range(3)]
+    extra = torch.nn.Linear(fin, 6, bias=extra_bias).double()
+    x = torch.randn(n, fin, dtype=torch.float64, requires_grad=True)
+    outs = _glue.fused_projections(lins, x, heads, chans, width, extra=extra)
+    assert len(outs) == 4 and outs[3].shape == (n, 6)
+    torch.testing.assert_close(outs[3], extra(x))
+    params = [p for lin in lins for p in (lin.weight, lin.bias)] + [extra.weight, extra.bias]
+
+    def f(x, *ps):
+        outs = _glue._Projections.apply((heads, chans, width, None, False, 3), x, *ps)
+        return tuple(o[..., :chans] for o in outs[:3]) + (outs[3],)
+    leaves = [p.detach().requires_grad_(True) if p is not None else None for p in params]
+    assert torch.autograd.gradcheck(f, (x, *leaves))
+    with torch.no_grad():   # (no autograd: the caller folds the extra into the blocks)
+        assert len(_glue.fused_projections(lins, x, heads, chans, width, extra=extra)) == 3
 
 
 def test_fused_projections_refuse_maps_they_cannot_fuse():
@@ -239,16 +264,19 @@ def test_transformer_fused_projections_match_pyg(kw, monkeypatch):
                                 bias=False), dict(heads=2, out_channels=4, concat=False),
                                 dict(heads=2, out_channels=4, beta=True)])
 @pytest.mark.parametrize("width", [None, 12])
-def test_transformer_no_grad_folds_the_skip_projection(kw, width, monkeypatch):
-    """Without autograd, a GPU-bound Transformer call (forced on the CPU here)
-    projects q, k, v and the skip connection with one GEMM (4 column blocks)
-    where PyG's layer adds ``lin_skip(x)`` unchanged (``concat``, no ``beta``);
-    otherwise 3 blocks.  Same output as PyG's layer in float64, padded or not."""
+def test_transformer_skip_projection_joins_the_projections(kw, width, monkeypatch):
+    """A GPU-bound Transformer call (forced on the CPU here) where PyG's layer
+    adds ``lin_skip(x)`` unchanged (``concat``, no ``beta``) computes the skip
+    with the q / k / v projections: without autograd as the GEMM's 4th column
+    block, with autograd as an extra GEMM in the same node
+    (``fused_projections(..., extra=lin_skip)``); otherwise q / k / v only.
+    Output and every gradient equal PyG's layer in float64, padded or not."""
     from pyg_dfgnn.nn import transformer_conv as tc
     monkeypatch.setattr(tc, "_FUSED_PROJECTION_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     if width is not None:
-        monkeypatch.setattr(tc, "kernel_width", lambda c, x, h=1, kind=-1, pad_small=False: max(c, width))
+        monkeypatch.setattr(tc, "kernel_width",
+                            lambda c, x, h=1, kind=-1, pad_small=False: max(c, width))
     calls = record_lins(monkeypatch)
     torch.manual_seed(0)
     ei = torch.randint(0, 12, (2, 40))
@@ -259,20 +287,24 @@ def test_transformer_no_grad_folds_the_skip_projection(kw, width, monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(ours(x, ei), ref(x, ei), rtol=1e-12, atol=1e-12)
     folds = kw.get("concat", True) and not kw.get("beta", False)
-    assert calls == [4 if folds else 3]
+    assert calls == [(4, False) if folds else (3, False)]
     calls.clear()
-    ours(x.requires_grad_(), ei).sum().backward()   # with autograd: q / k / v only
-    assert calls == [3]
+    xs = x.clone().requires_grad_(True)
+    a, b = ref(xs, ei), ours(xs, ei)
+    torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+    assert calls == [(3, folds)]
+    assert_same_grads(ref, ours, xs, a, b, torch.randn_like(a), rtol=1e-10, atol=1e-12)
 
 
 def record_lins(monkeypatch) -> list:
-    """The number of maps of every ``fused_projections`` call."""
+    """``(number of maps, with an extra map)`` of every ``fused_projections``
+    call of the Transformer layer."""
     calls: list = []
     fn = _glue.fused_projections
 
-    def recorded(lins, *args):
-        calls.append(len(lins))
-        return fn(lins, *args)
+    def recorded(lins, *args, extra=None):
+        calls.append((len(lins), extra is not None))
+        return fn(lins, *args, extra=extra)
     monkeypatch.setattr(transformer_conv, "fused_projections", recorded)
     return calls
 
