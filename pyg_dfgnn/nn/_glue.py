@@ -234,6 +234,16 @@ def _uniform(ts, dim: int, rows: int) -> bool:
                and t.dtype == t0.dtype and t.device == t0.device for t in ts)
 
 
+def _affine(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    """``x W^T (+ b)`` as one GEMM."""
+    return x @ w.t() if b is None else torch.addmm(b, x, w.t())
+
+
+def _bias_grad(g: Tensor, gemv: bool) -> Tensor:
+    """The column sum of a 2-D gradient: a GEMV where :func:`_use` said so."""
+    return _column_sum(g) if gemv else g.sum(0)
+
+
 def _project(meta, x: Tensor, params):
     """The GEMM of :class:`_Projections`: ``(x, W)`` as used (in the autocast
     dtype) and the ``n`` column-block views ``[N, heads, width]``."""
@@ -243,7 +253,7 @@ def _project(meta, x: Tensor, params):
     if dtype is not None:   # autocast: compute in its dtype, as F.linear would
         x, w = x.to(dtype), w.to(dtype)
         b = None if b is None else b.to(dtype)
-    y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
+    y = _affine(x, w, b)
     return x, w, tuple(t.view(-1, heads, width) for t in y.split(heads * width, dim=1))
 
 
@@ -283,7 +293,7 @@ class _Projections(torch.autograd.Function):
             be = None if be is None else be.to(dtype)
         ctx.save_for_backward(xc, w, we)
         ctx.extra_bias = be is not None
-        return (*outs, xc @ we.t() if be is None else torch.addmm(be, xc, we.t()))
+        return (*outs, _affine(xc, we, be))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -296,8 +306,7 @@ class _Projections(torch.autograd.Function):
                        .reshape(n, heads * width).to(x.dtype) for gi in grads[:nb]], dim=1)
         dx = (g @ w) if need[1] else None
         dw = (g.t() @ x) if any(need[2:2 + 2 * nb:2]) else None
-        db = (_column_sum(g) if gemv else g.sum(0)) \
-            if any(need[3:3 + 2 * nb:2]) and b_dts[0] is not None else None
+        db = _bias_grad(g, gemv) if any(need[3:3 + 2 * nb:2]) and b_dts[0] is not None else None
         # the padding rows dropped from all maps at once (one copy per kind),
         # then each map's rows as a view
         dws, dbs = ([None] * nb if d is None else
@@ -318,7 +327,7 @@ class _Projections(torch.autograd.Function):
                 if need[2 + 2 * nb]:
                     dwe = (ge.t() @ x).to(w_dts[nb])
                 if ctx.extra_bias and need[3 + 2 * nb]:
-                    dbe = (_column_sum(ge) if gemv else ge.sum(0)).to(b_dts[nb])
+                    dbe = _bias_grad(ge, gemv).to(b_dts[nb])
             out += [dwe, dbe]
         return (None, None if dx is None else dx.to(x_dt), *out)
 

@@ -9,7 +9,7 @@ from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from ..graph import CSRGraph
-from ..ops import GAT, gat_attention, gat_node_attention
+from ..ops import gat_attention, gat_node_attention
 from ._padded import gpu_bound, kernel_width, paddable, padded_linear, unpad
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, resolve_adjacency)
@@ -153,7 +153,7 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             if lin is not None:
                 # value rows in the kernels' padded head width where that pays
                 # (nn/_padded.py); PyG's lin(x).view(-1, H, C) otherwise
-                width = kernel_width(C, x, H, GAT)
+                width = kernel_width(C, x, H)
                 if width != C and not paddable(lin, H, C):
                     width = C
                 x_src = x_dst = padded_linear(lin, x, H, C, width)

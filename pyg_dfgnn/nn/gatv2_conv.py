@@ -8,7 +8,7 @@ from torch import Tensor
 from torch_geometric.nn.conv.gatv2_conv import GATv2Conv as _PyGGATv2Conv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
-from ..ops import GATV2, gatv2_attention
+from ..ops import gatv2_attention
 from ._padded import kernel_width, paddable, padded_linear
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, implied_edge_attr, resolve_adjacency)
@@ -61,7 +61,7 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         # width where C is not a multiple of the CUDA vector: nn/_padded.py)
         width = C
         if isinstance(x, Tensor):
-            width = kernel_width(C, x, H, GATV2)
+            width = kernel_width(C, x, H)
             if width != C and not (paddable(self.lin_l, H, C) and paddable(self.lin_r, H, C)):
                 width = C
         if isinstance(x, Tensor):

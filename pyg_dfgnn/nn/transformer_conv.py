@@ -142,11 +142,11 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         out, _ = dot_attention(adj.graph, q, k, v, edge, 1.0 / math.sqrt(C),
                                self._fused_dropout, False)
         out = unpad(out, C)   # [N, H, C] view of the padded result
+        if skip is None and self.concat and self.root_weight and lin_beta is None:
+            skip = apply_linear(self.lin_skip, xs[1]).view(-1, H, C)
         if skip is not None:
-            return (out + skip).view(-1, H * C)
-        if self.concat and self.root_weight and lin_beta is None:
             # slice + skip connection in one pass
-            return (out + apply_linear(self.lin_skip, xs[1]).view(-1, H, C)).view(-1, H * C)
+            return (out + skip).view(-1, H * C)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
             x_r = apply_linear(self.lin_skip, xs[1])
