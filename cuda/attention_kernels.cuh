@@ -106,6 +106,32 @@ template <int KIND, typename T> constexpr int kRowBlocks =
     KIND == AGNN && DFGNN_AGNN_ROW_BLOCKS ? DFGNN_AGNN_ROW_BLOCKS :
     blocks_for(sizeof(T) == 2, DFGNN_HALF_ROW_BLOCKS, KIND == GATV2 ? 2 : 3, DFGNN_ROW_BLOCKS,
                KIND == GAT ? 3 : 2);
+// AGNN's fp32 row pass takes 3 blocks (80 registers; 0-172 B of spills):
+// measured on an H100 (docs/KERNELS.md, session 18) at 1 x 80 fp32, row pass
+// 0.91-0.94x on the uniform and power-law 100k graphs and a PATTERN batch.
+// The dot / GATv2 fp32 instantiations on 8-byte vectors (VEC = 2: 8 x 10,
+// 4 x 6, ...) hold half the tile registers of float4's, so their forward fits
+// 4 blocks (64 registers) and their row pass 3 (80; dot 24 B of spills, GATv2
+// 76 B).  Measured (H100, session 18) at 8 x 10: row pass 0.77-0.79x and
+// forward 0.90-0.92x on a PATTERN batch of 128 graphs, but 1.27-1.63x and
+// 1.17-2.07x on the 100k-node graphs, whose gathered rows do not fit in L2.
+// So those take these counts only on graphs whose gathered rows are
+// L2-resident (kL2Bytes, chosen at launch: attention_launch.cuh).
+template <int KIND, typename T, int VEC> constexpr bool kNarrowFp32 =
+    sizeof(T) == 4 && VEC == 2 && (KIND == DOT || KIND == GATV2);
+template <int KIND, typename T, int VEC> constexpr int kRowBlocksV =
+    KIND == AGNN && sizeof(T) == 4 && !DFGNN_AGNN_ROW_BLOCKS && !DFGNN_ROW_BLOCKS
+        ? 3 : kRowBlocks<KIND, T>;
+// ... and with L2-resident rows (the `small` launch variant)
+template <int KIND, typename T, int VEC> constexpr int kFwdBlocksSmall =
+    kNarrowFp32<KIND, T, VEC> && !DFGNN_FWD_BLOCKS ? 4 : kFwdBlocks<KIND, T>;
+template <int KIND, typename T, int VEC> constexpr int kRowBlocksSmall =
+    kNarrowFp32<KIND, T, VEC> && !DFGNN_ROW_BLOCKS ? 3 : kRowBlocksV<KIND, T, VEC>;
+// Gathered feature bytes (source rows the kernels read per edge) up to which a
+// graph counts as L2-resident for the variants above: a third of the 50 MB L2
+// of an H100 / H200.  Measured at 9.7 MB (PATTERN x128, 8 x 10 fp32 keys and
+// values: faster) and 64 MB (100k nodes: slower) only.
+constexpr int64_t kL2Bytes = int64_t(16) << 20;
 // Column-pass modes (bwd_col_kernel's MODE): read g and pd per edge (stored),
 // recompute them from the row statistics and Delta (recompute), or GAT's
 // single-gather backward (emit dP): recompute alpha, accumulate d_val and write
@@ -860,8 +886,10 @@ __device__ __forceinline__ void fwd_group_edges(const Params<T, I>& p, const Gro
   }
 }
 
-template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads, kFwdBlocks<KIND, T>) fwd_kernel(const Params<T, I> p) {
+// BLOCKS: the resident blocks the register budget allows (kFwdBlocks, or
+// kFwdBlocksSmall for L2-resident graphs)
+template <int KIND, typename T, typename I, int VEC, int BLOCKS>
+__global__ void __launch_bounds__(kThreads, BLOCKS) fwd_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.rowptr, it)) return;
@@ -957,8 +985,9 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
 // per edge, which would hold LeakyReLU(x_i) in registers (+60 B of spills).
 // Exact in exact arithmetic; split rows keep the identity (their segments'
 // sums add up to the row's).
-template <int KIND, typename T, typename I, int VEC>
-__global__ void __launch_bounds__(kThreads, kRowBlocks<KIND, T>) bwd_row_kernel(const Params<T, I> p) {
+// BLOCKS: kRowBlocksV, or kRowBlocksSmall for L2-resident graphs
+template <int KIND, typename T, typename I, int VEC, int BLOCKS>
+__global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<T, I> p) {
   const Group g(p.G);
   Item it;
   if (!get_item(p, p.rowptr, it)) return;

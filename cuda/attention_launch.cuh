@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 namespace dfgnn {
 
@@ -91,6 +92,30 @@ inline bool recompute_backward(int64_t per_edge_bytes) {
   return per_edge_bytes * 4 > total - allocated;
 }
 
+// Whether a graph's gathered source rows (the value rows, and dot attention's
+// keys besides) fit the L2-resident launch variants (kL2Bytes in
+// attention_kernels.cuh: kFwdBlocksSmall, kRowBlocksSmall).
+template <int KIND, typename T>
+bool l2_resident(const FeatArgs& fa) {
+  const at::Tensor& v = KIND == GATV2 ? fa.src : fa.val;
+  return v.size(0) * v.size(1) * v.size(2) * (int64_t)sizeof(T) * (KIND == DOT ? 2 : 1) <=
+         kL2Bytes;
+}
+
+// Calls launch(std::integral_constant<int, B>) with the resident-block count B
+// the graph calls for: SMALL on L2-resident graphs, DFLT otherwise (one
+// instantiation where they are equal).
+template <int DFLT, int SMALL, typename Fn>
+void with_blocks(bool small, Fn&& launch) {
+  if constexpr (DFLT != SMALL) {
+    if (small) {
+      launch(std::integral_constant<int, SMALL>());
+      return;
+    }
+  }
+  launch(std::integral_constant<int, DFLT>());
+}
+
 struct Launch {
   dim3 grid;
   int64_t tile;
@@ -153,7 +178,10 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     p.part_l = p.part_m + sc.slots * p.H;
   }
   if (p.num_items > 0) {
-    fwd_kernel<KIND, T, I, VEC><<<l.grid, kThreads, 0, stream>>>(p);
+    with_blocks<kFwdBlocks<KIND, T>, kFwdBlocksSmall<KIND, T, VEC>>(
+        l2_resident<KIND, T>(fa), [&](auto b) {
+          fwd_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
+        });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
@@ -324,7 +352,10 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.d_att_part = att_part.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    bwd_row_kernel<KIND, T, I, VEC><<<l.grid, kThreads, 0, stream>>>(p);
+    with_blocks<kRowBlocksV<KIND, T, VEC>, kRowBlocksSmall<KIND, T, VEC>>(
+        l2_resident<KIND, T>(fa), [&](auto b) {
+          bwd_row_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
+        });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {

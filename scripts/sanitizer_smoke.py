@@ -29,6 +29,18 @@ for name, kind in KINDS.items():
                 with schedule.override(split=split, group=group, order=order):
                     out, alpha = call(kind, g, inp, dropout=0.3, return_alpha=True)
                     torch.autograd.grad(out, leaves(inp), torch.randn_like(out))
+# dot / GATv2 at 8 x 10 fp32 on a graph whose gathered rows exceed kL2Bytes
+# (cuda/attention_kernels.cuh): the default launch variant; the small graphs
+# above take the L2-resident one
+for name in ("dot", "gatv2"):
+    kind = KINDS[name]
+    ei = random_graph(60000, 100, 2000, super_node=(400, 2))
+    g = get_graph(ei.cuda(), (60000, 100))
+    inp = make_inputs(kind, 60000, 100, ei.size(1), 8, 10, torch.float32, "cuda", True)
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    out, alpha = call(kind, g, inp, dropout=0.3, return_alpha=True)
+    torch.autograd.grad(out, leaves(inp), torch.randn_like(out))
 # GAT with the node logits in the op (ops.gat_node_attention): the logits
 # kernel and its backward at aligned, unaligned and padded widths
 from pyg_dfgnn import ops  # noqa: E402

@@ -24,6 +24,18 @@ def test_training_shapes_match_reference(kind, heads, feat, dtype):
           split=256)
 
 
+@pytest.mark.parametrize("kind", ["dot", "gatv2"])
+@pytest.mark.parametrize("num_src", [240, 60000])
+def test_l2_resident_launch_variants(kind, num_src):
+    """Dot attention and GATv2 at 8 x 10 fp32 (8-byte vectors) launch their
+    forward and row pass with more resident blocks where the gathered source
+    rows fit in L2 (cuda/attention_kernels.cuh: kL2Bytes, 16 MiB): both
+    launch variants against the float64 reference, 240 source nodes (the
+    L2-resident one) and 60k (60000 x 80 x 4 B = 19 MB: the default one)."""
+    ei = random_graph(num_src, 240, 4000, super_node=(900, 5))
+    check(kind, ei, num_src, 240, 8, 10, torch.float32, edge=True, seed=num_src, split=256)
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("feat", [10, 19, 32])
