@@ -321,7 +321,7 @@ class _Projections(torch.autograd.Function):
             ge = grads[nb]
             dwe = dbe = None
             if ge is not None:
-                ge = ge.reshape(n, -1).to(x.dtype)
+                ge = ge.reshape(n, we.size(0)).to(x.dtype)   # (n may be 0)
                 if dx is not None:
                     dx = dx.addmm_(ge, we)
                 if need[2 + 2 * nb]:

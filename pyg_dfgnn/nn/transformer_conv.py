@@ -22,10 +22,13 @@ from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 #: dot-attention kernels read the GEMM's column blocks row-strided (k_j and v_j
 #: of a gathered row then lie side by side: the attention kernels ran 2-9 %
 #: faster on an H100, docs/KERNELS.md, session 14); on the CPU the kernels take
-#: contiguous rows, so the blocks would be copied.  Host-bound calls keep the
-#: three projections (the fused one saved no host time there) unless they
-#: project into a padded width (8 x 10 bf16, 8 x 19): then one GEMM writes the
-#: padded q / k / v and the op copies nothing (session 17).
+#: contiguous rows, so the blocks would be copied.  Host-bound calls use it too
+#: where they project into a padded width (8 x 10 bf16, 8 x 19: one GEMM writes
+#: the padded q / k / v and the op copies nothing, session 17) or record
+#: autograd (one node with the skip projection instead of four linear maps'
+#: nodes and the additions of their d_x: forward+backward 0.93-0.96x on
+#: PATTERN batches, H100, session 18); without autograd they keep the four
+#: projections (the one GEMM measured 1.07-1.13x there).
 _FUSED_PROJECTION_DEVICES = ("cuda",)
 
 
@@ -101,7 +104,7 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         qkv = skip = None
         lin_beta = self.lin_beta
         if (xs[0] is xs[1] and xs[0].device.type in _FUSED_PROJECTION_DEVICES
-                and (width != C or gpu_bound(xs[0].size(0), H, C))
+                and (width != C or torch.is_grad_enabled() or gpu_bound(xs[0].size(0), H, C))
                 and not torch.compiler.is_compiling()):
             # one GEMM and one autograd node for the three projections; q / k / v
             # are its column blocks, which the CUDA kernels read row-strided

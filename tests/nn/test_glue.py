@@ -296,6 +296,23 @@ def test_transformer_skip_projection_joins_the_projections(kw, width, monkeypatc
     assert_same_grads(ref, ours, xs, a, b, torch.randn_like(a), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kw", [dict(heads=2, out_channels=4), dict(heads=2, out_channels=4,
+                                beta=True, edge_dim=2)])
+def test_transformer_fused_projections_on_empty_graph(kw, monkeypatch):
+    """A graph of 0 nodes through the projections' autograd node (with the skip
+    as its extra map where it folds): output and gradients equal PyG's layer, and
+    the backward takes the 0-row gradients (no ambiguous reshape)."""
+    from pyg_dfgnn.nn import transformer_conv as tc
+    from ._equiv import check_equivalence, feats
+    monkeypatch.setattr(tc, "_FUSED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    calls = record_lins(monkeypatch)
+    no_edges = torch.empty(2, 0, dtype=torch.long)
+    call = dict(edge_attr=feats(0, 2, "cpu")) if "edge_dim" in kw else None
+    check_equivalence(pygnn.TransformerConv, dnn.TransformerConv, dict(in_channels=6, **kw),
+                      (feats(0, 6, "cpu"), no_edges), call)
+    assert (3, not kw.get("beta", False)) in calls
+
+
 def record_lins(monkeypatch) -> list:
     """``(number of maps, with an extra map)`` of every ``fused_projections``
     call of the Transformer layer."""
