@@ -55,3 +55,34 @@ def test_state_dict_round_trip():
         ours.load_state_dict(ref.state_dict())
         ref.load_state_dict(ours.state_dict())
         assert isinstance(ours.beta, torch.nn.Parameter) == requires_grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_prologue_node_on_gpu_bound_calls(device, requires_grad, monkeypatch):
+    """GPU-bound CUDA calls run AGNN's prologue (norms, key scale, queries) as
+    one autograd node (ops._AGNNPrologue); every call size is made GPU-bound
+    here, so the small graph takes that path, and a row whose norm is below
+    ``eps`` (the clamp's branch) is included."""
+    from pyg_dfgnn.nn import _padded
+    from pyg_dfgnn import ops
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    used = []
+    real = ops._AGNNPrologue.apply
+    monkeypatch.setattr(ops._AGNNPrologue, "apply",
+                        lambda *a: used.append(1) or real(*a))
+    x = feats(N, F_IN, device).detach()
+    x[5] = 0.0   # a zero row: below eps
+    x.requires_grad_()
+    ei = random_edge_index(N, N, E, seed=4, device=device)
+
+    def make(cls):
+        def init(**kw):
+            m = cls(**kw)
+            if requires_grad:
+                m.beta.data.fill_(1.7)
+            return m
+        return init
+    check_equivalence(make(pyg_nn.AGNNConv), make(AGNNConv), dict(requires_grad=requires_grad),
+                      (x, ei), device=device)
+    assert bool(used) == (device == "cuda")

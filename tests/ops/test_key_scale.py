@@ -196,3 +196,35 @@ def test_bad_key_scale_names_the_argument():
     with pytest.raises(ValueError, match="'key_scale' cannot be combined with 'edge'"):
         ops.dot_attention(g, x, x, x, edge=torch.randn(g.num_edges, 2, 8),
                           key_scale=torch.rand(n, 2))
+
+
+@pytest.mark.parametrize("num_dst", [9, 5])
+def test_agnn_prologue_node_gradients(num_dst):
+    """ops._AGNNPrologue (AGNN's norms, key scale and queries as one autograd
+    node) against autograd of the same ops: gradcheck in float64, and every
+    gradient with one of dq / dc absent and with a row below eps (where the
+    clamp stops the norm's gradient; gradcheck's finite differences would
+    cross eps there)."""
+    from pyg_dfgnn import ops
+    gen = torch.Generator().manual_seed(num_dst)
+    x = torch.randn(9, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    beta = torch.tensor(0.8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x, b: ops._AGNNPrologue.apply(x, b, num_dst, 1e-12), (x, beta))
+    xt = (x.detach() * torch.tensor([1.0] * 3 + [1e-14] + [1.0] * 5, dtype=torch.float64)
+          .unsqueeze(1)).requires_grad_(True)
+    for with_q, with_c in ((True, True), (True, False), (False, True)):
+        gq = torch.randn(num_dst, 1, 6, generator=gen, dtype=torch.float64)
+        gc = torch.randn(9, 1, generator=gen, dtype=torch.float64)
+        grads = []
+        for q, c in (ops._AGNNPrologue.apply(xt, beta, num_dst, 1e-12),
+                     ops._agnn_prologue(xt, beta, num_dst, 1e-12)[:2]):
+            # (a term left out: its output's gradient is absent, not zero)
+            loss = sum(t for t, used in (((q * gq).sum(), with_q), ((c * gc).sum(), with_c))
+                       if used)
+            grads.append(torch.autograd.grad(loss, (xt, beta), allow_unused=True))
+        for a, b in zip(*grads):
+            if b is None:   # (beta without the queries)
+                assert a is None or not a.any()
+                continue
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max())
