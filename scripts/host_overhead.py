@@ -4,7 +4,7 @@ forward and the same for its backward").
 GPU (default when CUDA is available): the wall time of issuing a call while the
 GPU is still busy with the queue, so the host never waits for it.  Per layer
 (fused and PyG's, same weights) on a PATTERN-like batch whose CSR is cached,
-training mode (attention dropout 0.1), fp32; plus the hottest Python functions
+training mode (attention dropout 0.1), fp32 (``--dtype``); plus the hottest Python functions
 of the fused forward (cProfile, ``--top``)::
 
     PYTHONPATH=. python scripts/host_overhead.py [--graphs 26] [--calls 40] [--top 12]
@@ -163,15 +163,16 @@ def main_gpu(a):
     dev = torch.device("cuda")
     b = pattern_like_batch(a.graphs, seed=0).to(dev)
     ei = b.edge_index
-    x = torch.randn(b.num_nodes, a.width, device=dev, requires_grad=True)
+    dt = getattr(torch, a.dtype)
+    x = torch.randn(b.num_nodes, a.width, device=dev, dtype=dt, requires_grad=True)
     print(f"{torch.cuda.get_device_name()}: batch of {a.graphs} graphs ({b.num_nodes} nodes, "
           f"{ei.size(1)} edges), width {a.width}, {a.heads} heads, training mode "
-          f"(dropout {DROPOUT}), fp32; host us per call")
+          f"(dropout {DROPOUT}), {a.dtype}; host us per call")
     for name, (mine, theirs) in layers(a.width, a.heads).items():
         if a.layers and name not in a.layers.split(","):
             continue
         torch.manual_seed(0)
-        mine, theirs = mine.to(dev).train(), theirs.to(dev).train()
+        mine, theirs = mine.to(dev, dt).train(), theirs.to(dev, dt).train()
         theirs.load_state_dict(mine.state_dict())
         f1, b1 = host_times(mine, x, ei, a.calls)
         f2, b2 = host_times(theirs, x, ei, a.calls)
@@ -181,7 +182,7 @@ def main_gpu(a):
             print(profile_top(lambda: mine(x, ei), a.calls, a.top, torch.cuda.synchronize))
         if a.profile:
             print(profile_ops(mine, x, ei, a.calls, a.profile))
-    floor = _Floor(a.width).to(dev).train()
+    floor = _Floor(a.width).to(dev, dt).train()
     f0, b0 = host_times(floor, x, ei, a.calls)
     print(f"{'floor':6s} torch.nn.Linear({a.width}, {a.width}): forward {f0:6.1f} us, "
           f"backward {b0:6.1f} us (one GEMM: the host cost of the smallest layer)", flush=True)
@@ -336,6 +337,8 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=5, help="CPU: best of this many timings")
     ap.add_argument("--width", type=int, default=80)
     ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="GPU: the layers' and inputs' dtype (modules converted, no autocast)")
     ap.add_argument("--layers", default="", help="comma-separated subset of gat,gatv2,gt,agnn")
     ap.add_argument("--top", type=int, default=0)
     ap.add_argument("--profile", type=int, default=0,

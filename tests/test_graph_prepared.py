@@ -91,6 +91,13 @@ def _models():
                                     TransformerConv(8, 3, heads=1)]), False),
         "gat_no_loops": (torch.nn.ModuleList([GATConv(6, 4, heads=2, add_self_loops=False),
                                               GATConv(8, 3, add_self_loops=False)]), False),
+        # the paper configs' widths (8 x 10: padded in half precision)
+        "gt_8x10": (torch.nn.ModuleList([TransformerConv(6, 10, heads=8),
+                                         TransformerConv(80, 10, heads=8)]), False),
+        "gatv2_8x10": (torch.nn.ModuleList([GATv2Conv(6, 10, heads=8),
+                                            GATv2Conv(80, 10, heads=8)]), True),
+        "gat_8x19": (torch.nn.ModuleList([GATConv(6, 19, heads=8),
+                                          GATConv(152, 19, heads=8)]), True),
     }
 
 
@@ -190,18 +197,20 @@ def test_batch_without_prepared_graphs_is_unchanged():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("name", ["gat", "gt"])
-def test_attach_and_layers_on_cuda_do_not_sync(name):
+@pytest.mark.parametrize("name", ["gat", "gt", "agnn", "gt_8x10", "gatv2_8x10", "gat_8x19"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attach_and_layers_on_cuda_do_not_sync(name, dtype):
     """Issue 12: once the graph is prepared, neither attaching it nor a layer's
-    forward + backward synchronises the host with the GPU."""
+    forward + backward synchronises the host with the GPU, in fp32 and in bf16
+    (whose 8 x 10 calls take the padded projections)."""
     convs, loops = _models()[name]
-    convs = convs.float().cuda()
+    convs = convs.to("cuda", dtype)
     pb = PrepareGraphs(loops)(_batch(seed=2)).pin_memory()
-    x = pb.x.float().cuda().requires_grad_()
+    x = pb.x.to("cuda", dtype).requires_grad_()
     _run(convs, x, attach_prepared(pb.to("cuda")).edge_index)   # warm-up (plans, lazy init)
     G.clear_cache()
     pb = PrepareGraphs(loops)(_batch(seed=3)).pin_memory()
-    x = pb.x.float().cuda().requires_grad_()
+    x = pb.x.to("cuda", dtype).requires_grad_()
     torch.cuda.synchronize()
     old = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
