@@ -102,13 +102,13 @@ template <int KIND, typename T> constexpr int kFwdBlocks =
     KIND == AGNN && DFGNN_AGNN_FWD_BLOCKS ? DFGNN_AGNN_FWD_BLOCKS :
     blocks_for(sizeof(T) == 2, DFGNN_HALF_FWD_BLOCKS, KIND == GATV2 ? 3 : 4, DFGNN_FWD_BLOCKS,
                KIND == GAT ? 4 : 3);
+// AGNN's fp32 row pass takes 3 blocks too (80 registers; 0-172 B of spills):
+// measured on an H100 (docs/KERNELS.md, session 18) at 1 x 80 fp32, row pass
+// 0.91-0.94x on the uniform and power-law 100k graphs and a PATTERN batch.
 template <int KIND, typename T> constexpr int kRowBlocks =
     KIND == AGNN && DFGNN_AGNN_ROW_BLOCKS ? DFGNN_AGNN_ROW_BLOCKS :
     blocks_for(sizeof(T) == 2, DFGNN_HALF_ROW_BLOCKS, KIND == GATV2 ? 2 : 3, DFGNN_ROW_BLOCKS,
-               KIND == GAT ? 3 : 2);
-// AGNN's fp32 row pass takes 3 blocks (80 registers; 0-172 B of spills):
-// measured on an H100 (docs/KERNELS.md, session 18) at 1 x 80 fp32, row pass
-// 0.91-0.94x on the uniform and power-law 100k graphs and a PATTERN batch.
+               KIND == GAT || KIND == AGNN ? 3 : 2);
 // The dot / GATv2 fp32 instantiations on 8-byte vectors (VEC = 2: 8 x 10,
 // 4 x 6, ...) hold half the tile registers of float4's, so their forward fits
 // 4 blocks (64 registers) and their row pass 3 (80; dot 24 B of spills, GATv2
@@ -119,14 +119,11 @@ template <int KIND, typename T> constexpr int kRowBlocks =
 // L2-resident (kL2Bytes, chosen at launch: attention_launch.cuh).
 template <int KIND, typename T, int VEC> constexpr bool kNarrowFp32 =
     sizeof(T) == 4 && VEC == 2 && (KIND == DOT || KIND == GATV2);
-template <int KIND, typename T, int VEC> constexpr int kRowBlocksV =
-    KIND == AGNN && sizeof(T) == 4 && !DFGNN_AGNN_ROW_BLOCKS && !DFGNN_ROW_BLOCKS
-        ? 3 : kRowBlocks<KIND, T>;
 // ... and with L2-resident rows (the `small` launch variant)
 template <int KIND, typename T, int VEC> constexpr int kFwdBlocksSmall =
     kNarrowFp32<KIND, T, VEC> && !DFGNN_FWD_BLOCKS ? 4 : kFwdBlocks<KIND, T>;
 template <int KIND, typename T, int VEC> constexpr int kRowBlocksSmall =
-    kNarrowFp32<KIND, T, VEC> && !DFGNN_ROW_BLOCKS ? 3 : kRowBlocksV<KIND, T, VEC>;
+    kNarrowFp32<KIND, T, VEC> && !DFGNN_ROW_BLOCKS ? 3 : kRowBlocks<KIND, T>;
 // Gathered feature bytes (source rows the kernels read per edge) up to which a
 // graph counts as L2-resident for the variants above: a third of the 50 MB L2
 // of an H100 / H200.  Measured at 9.7 MB (PATTERN x128, 8 x 10 fp32 keys and
@@ -985,7 +982,7 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
 // per edge, which would hold LeakyReLU(x_i) in registers (+60 B of spills).
 // Exact in exact arithmetic; split rows keep the identity (their segments'
 // sums add up to the row's).
-// BLOCKS: kRowBlocksV, or kRowBlocksSmall for L2-resident graphs
+// BLOCKS: kRowBlocks, or kRowBlocksSmall for L2-resident graphs
 template <int KIND, typename T, typename I, int VEC, int BLOCKS>
 __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<T, I> p) {
   const Group g(p.G);

@@ -352,7 +352,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.d_att_part = att_part.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    with_blocks<kRowBlocksV<KIND, T, VEC>, kRowBlocksSmall<KIND, T, VEC>>(
+    with_blocks<kRowBlocks<KIND, T>, kRowBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
           bwd_row_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
         });
