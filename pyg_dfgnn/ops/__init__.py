@@ -358,8 +358,7 @@ class _AGNNPrologue(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, beta, num_dst, eps):
-        with torch.no_grad():
-            q, c, n = _agnn_prologue(x, beta, num_dst, eps)
+        q, c, n = _agnn_prologue(x, beta, num_dst, eps)   # (grad mode is off in here)
         ctx.save_for_backward(x, beta, c, n)
         ctx.num_dst, ctx.eps = num_dst, eps
         ctx.set_materialize_grads(False)
