@@ -13,34 +13,38 @@ from _cases import KINDS, call, leaves, make_inputs, random_graph  # noqa: E402
 from pyg_dfgnn import schedule  # noqa: E402
 from pyg_dfgnn.graph import get_graph  # noqa: E402
 
+#: the schedule overrides each graph runs under (the skewed graphs below make
+#: automatic plans order the work items by degree)
+PLANS = ((None, None, None), (64, None, None), (None, 1, None), (64, 2, "row"),
+         (0, None, "degree"))
+
+
+def smoke(kind, ei, size, heads, feat, dtype, plans=PLANS):
+    """Forward (dropout, attention weights) and backward of one kernel kind on
+    the graph ``ei`` under each ``(split, group, order)`` of ``plans``."""
+    g = get_graph(ei.cuda(), size)
+    inp = make_inputs(kind, size[0], size[1], ei.size(1), heads, feat, dtype, "cuda", True)
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    for split, group, order in plans:
+        with schedule.override(split=split, group=group, order=order):
+            out, alpha = call(kind, g, inp, dropout=0.3, return_alpha=True)
+            torch.autograd.grad(out, leaves(inp), torch.randn_like(out))
+
+
 torch.manual_seed(0)
 for name, kind in KINDS.items():
     for dtype in (torch.float32, torch.bfloat16):
         for feat in (3, 10, 19, 64, 300):
             ei = random_graph(60, 50, 300, super_node=(400, 2))
             ei = torch.cat([ei, torch.stack([torch.full((300,), 4), torch.randint(0, 50, (300,))])], 1)
-            g = get_graph(ei.cuda(), (60, 50))
-            inp = make_inputs(kind, 60, 50, ei.size(1), 2, feat, dtype, "cuda", True)
-            for v in leaves(inp):
-                v.requires_grad_(True)
-            # the graph is skewed: automatic plans order the work items by degree
-            for split, group, order in ((None, None, None), (64, None, None), (None, 1, None),
-                                        (64, 2, "row"), (0, None, "degree")):
-                with schedule.override(split=split, group=group, order=order):
-                    out, alpha = call(kind, g, inp, dropout=0.3, return_alpha=True)
-                    torch.autograd.grad(out, leaves(inp), torch.randn_like(out))
+            smoke(kind, ei, (60, 50), 2, feat, dtype)
 # dot / GATv2 at 8 x 10 fp32 on a graph whose gathered rows exceed kL2Bytes
 # (cuda/attention_kernels.cuh): the default launch variant; the small graphs
 # above take the L2-resident one
 for name in ("dot", "gatv2"):
-    kind = KINDS[name]
-    ei = random_graph(60000, 100, 2000, super_node=(400, 2))
-    g = get_graph(ei.cuda(), (60000, 100))
-    inp = make_inputs(kind, 60000, 100, ei.size(1), 8, 10, torch.float32, "cuda", True)
-    for v in leaves(inp):
-        v.requires_grad_(True)
-    out, alpha = call(kind, g, inp, dropout=0.3, return_alpha=True)
-    torch.autograd.grad(out, leaves(inp), torch.randn_like(out))
+    smoke(KINDS[name], random_graph(60000, 100, 2000, super_node=(400, 2)), (60000, 100), 8, 10,
+          torch.float32, plans=PLANS[:1])
 # GAT with the node logits in the op (ops.gat_node_attention): the logits
 # kernel and its backward at aligned, unaligned and padded widths
 from pyg_dfgnn import ops  # noqa: E402
