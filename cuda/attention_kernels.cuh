@@ -982,13 +982,22 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
 // per edge, which would hold LeakyReLU(x_i) in registers (+60 B of spills).
 // Exact in exact arithmetic; split rows keep the identity (their segments'
 // sums add up to the row's).
-// BLOCKS: kRowBlocks, or kRowBlocksSmall for L2-resident graphs
-template <int KIND, typename T, typename I, int VEC, int BLOCKS>
-__global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<T, I> p) {
-  const Group g(p.G);
-  Item it;
-  if (!get_item(p, p.rowptr, it)) return;
-  const int64_t item = it.item, h = it.h, row = it.row, slot = it.slot, F = p.F;
+//
+// (how bwd_row_item takes the kernel's parameters and lane group: the choice
+// ptxas compiled best (nvcc 13.0, sm_90): by value the other kinds' row passes
+// keep their registers and spills from before the function was split out
+// (AGNN's spilled 4-12 B more by reference), by reference GATv2's spill 8-32 B
+// less)
+template <int KIND, typename X>
+using RowArg = std::conditional_t<KIND == GATV2, const X&, const X>;
+
+// One (item, head) of the row pass.  GATv2's d_att terms are added to `datt`,
+// the lane's running sums over the items it takes in shared memory (see
+// bwd_row_kernel; element c * VEC + k of the lane's tile at stride kThreads).
+template <int KIND, typename T, typename I, int VEC>
+__device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowArg<KIND, Group> g,
+                                             const Item& it, float* __restrict__ datt) {
+  const int64_t h = it.h, row = it.row, slot = it.slot, F = p.F;
   const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, F);
   RowOps<KIND, VEC> r;
   load_row_ops<KIND, T, I, VEC>(p, ft, row, h, r);
@@ -1126,10 +1135,48 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
       for (int k = 0; k < VEC; ++k) {
         if (slot >= 0) p.part1[(slot * p.H + h) * F + f + k] = acc[c][k];
         if (KIND == GATV2)  // centred: - LeakyReLU(x_i) * sum_j dS_ij
-          p.d_att_part[(item * p.H + h) * F + f + k] =
-              acc2[c][k] - leaky(r.xi[c][k], p.slope) * gacc;
+          datt[(c * VEC + k) * kThreads] += acc2[c][k] - leaky(r.xi[c][k], p.slope) * gacc;
       }
     }
+  }
+}
+
+// BLOCKS: kRowBlocks, or kRowBlocksSmall for L2-resident graphs.
+// GATv2's att gradient is a sum over every (edge, head): each lane adds its
+// items' terms to running sums in shared memory (lane-private, so no barrier;
+// registers spilled 16-128 B in the inner loop) and writes them once, to
+// p.d_att_part[gid0, f] (the launcher sums the [groups / H, H, F] partials).
+// Its groups therefore take the (item, head) pairs gid0, gid0 + S, ... for
+// S = the grid's groups, a multiple of H (one head per group), on a grid the
+// launcher caps (bwd_row_grid): partials of a few MiB instead of one fp32 [N,
+// H, F] row per item.  The other kinds take one pair per group.
+template <int KIND, typename T, typename I, int VEC, int BLOCKS>
+__global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<T, I> p) {
+  const Group g(p.G);
+  if constexpr (KIND == GATV2) {
+    __shared__ float sums[kChunks<VEC> * VEC * kThreads];
+    float* datt = sums + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < kChunks<VEC> * VEC; ++j) datt[j * kThreads] = 0.f;
+    const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, p.F);
+    const int64_t gid0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
+    for (int64_t gid = gid0; gid < p.num_items * p.H; gid += (int64_t)gridDim.x * (kThreads / p.G)) {
+      Item it;
+      it.item = gid / p.H;
+      it.h = gid % p.H;
+      load_item(p.work, p.rowptr, it.item, it.row, it.begin, it.end, it.slot);
+      bwd_row_item<KIND, T, I, VEC>(p, g, it, datt);
+    }
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c)
+      if (ft.f[c] >= 0)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          p.d_att_part[gid0 * p.F + ft.f[c] + k] = datt[(c * VEC + k) * kThreads];
+  } else {
+    Item it;
+    if (!get_item(p, p.rowptr, it)) return;
+    bwd_row_item<KIND, T, I, VEC>(p, g, it, nullptr);
   }
 }
 

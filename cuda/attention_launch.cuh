@@ -11,6 +11,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <atomic>
+#include <algorithm>
+#include <numeric>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -120,6 +122,31 @@ struct Launch {
   dim3 grid;
   int64_t tile;
 };
+
+// GATv2's row-pass grid (bwd_row_kernel: its groups loop over (item, head)
+// pairs with a stride of the grid's groups and keep one att-gradient partial
+// each): at most kAttWaves blocks per SM, and a whole number of heads of
+// groups.  Returns the number of groups, i.e. of partial rows.
+constexpr int64_t kAttWaves = 8;
+inline int64_t sm_count() {   // of the current device, asked once per device
+  static std::atomic<int> cache[64];
+  const int dev = c10::cuda::current_device();
+  int n = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+inline int64_t bwd_row_grid(Launch& l, int64_t H, int G) {
+  const int64_t gpb = kThreads / G;
+  const int64_t sms = sm_count();
+  int64_t blocks = std::min<int64_t>(l.grid.x, sms * kAttWaves);
+  const int64_t q = H / std::gcd(gpb, H);   // blocks per whole number of heads
+  blocks = (blocks + q - 1) / q * q;
+  l.grid.x = (unsigned)blocks;
+  return blocks * gpb;
+}
 
 inline Launch launch_shape(int64_t items, int64_t H, int64_t F, int G, int vec) {
   Launch l;
@@ -348,7 +375,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.part1 = part1.data_ptr<float>();
   }
   if (KIND == GATV2) {
-    att_part = at::empty({std::max<int64_t>(p.num_items, 1), p.H, p.F}, fo);
+    att_part = at::empty({bwd_row_grid(l, p.H, p.G) / p.H, p.H, p.F}, fo);
     p.d_att_part = att_part.data_ptr<float>();
   }
   if (p.num_items > 0) {

@@ -45,6 +45,11 @@ for name, kind in KINDS.items():
 for name in ("dot", "gatv2"):
     smoke(KINDS[name], random_graph(60000, 100, 2000, super_node=(400, 2)), (60000, 100), 8, 10,
           torch.float32, plans=PLANS[:1])
+# GATv2 on a capped row-pass grid (cuda/attention_launch.cuh: bwd_row_grid):
+# 12k destination rows x 5 heads, so every lane group takes several (item,
+# head) pairs and the grid is rounded up to whole heads of groups
+smoke(KINDS["gatv2"], random_graph(12000, 12000, 30000, super_node=(400, 2)), (12000, 12000), 5,
+      16, torch.float32, plans=PLANS[:2])
 # GAT with the node logits in the op (ops.gat_node_attention): the logits
 # kernel and its backward at aligned, unaligned and padded widths
 from pyg_dfgnn import ops  # noqa: E402

@@ -36,6 +36,20 @@ def test_l2_resident_launch_variants(kind, num_src):
     check(kind, ei, num_src, 240, 8, 10, torch.float32, edge=True, seed=num_src, split=256)
 
 
+@pytest.mark.parametrize("heads,feat,dtype", [(5, 16, torch.float32), (8, 10, torch.bfloat16),
+                                              (3, 64, torch.float32)])
+def test_gatv2_att_gradient_on_a_capped_grid(heads, feat, dtype):
+    """GATv2's row pass sums the att gradient per lane group over the (item,
+    head) pairs the group takes, on a grid of at most 8 blocks per SM rounded up
+    to a whole number of heads of groups (cuda/attention_launch.cuh:
+    bwd_row_grid): with 40k destination rows (120k-320k pairs against at most
+    ~68k groups on an H100 / H200) every group takes several pairs, and 3 and 5
+    heads round the grid up.  Every gradient against float64."""
+    n = 40000
+    ei = random_graph(n, n, 200000, super_node=(900, 5))
+    check("gatv2", ei, n, n, heads, feat, dtype, edge=True, seed=heads * 100 + feat, split=256)
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("feat", [10, 19, 32])
