@@ -12,6 +12,7 @@
 #   check    - an ad-hoc script _carry/bf16chk.py (not committed: carried with
 #              `carry: ["_carry"]`) on this tree and on _carry/base; session 11
 #              used it for bf16 GAT gradients against float64
+#   mem      - scripts/memory_layer.py $MEM_ARGS on this tree and on _carry/base
 #   bench    - the layer shape x dtype matrix (dfgnn bench, no training)
 #   train    - dfgnn bench's training section alone (the shipped PATTERN paper
 #              configs in fp32 and bf16, fused vs PyG; --graphs cora, whose
@@ -35,7 +36,7 @@ build() {  # dir cache extra log
 }
 pids=()
 build "$ROOT" /tmp/dfgnn_new "" "$OUT/build_new.log" & pids+=($!)
-if has ab || has check; then
+if has ab || has check || has mem; then
   [ -d _carry/base ] && { build "$ROOT/_carry/base" /tmp/dfgnn_base "" "$OUT/build_base.log" & pids+=($!); }
   for i in "${!VS[@]}"; do
     build "$ROOT" /tmp/dfgnn_var$i "${VS[$i]}" "$OUT/build_var$i.log" & pids+=($!)
@@ -82,6 +83,17 @@ if has ab; then
   python scripts/kernel_ab.py --compare "${files[@]}" > "$OUT/ab_compare.txt" 2>&1
   grep -A60 "median ratio" "$OUT/ab_compare.txt"
   grep -l "Traceback" "$OUT"/ab_*.log | head -5
+fi
+if has mem; then
+  # where the forward+backward peak memory is (scripts/memory_layer.py $MEM_ARGS),
+  # this tree, then _carry/base
+  timeout 200 python scripts/memory_layer.py ${MEM_ARGS:-} > "$OUT/mem_new.txt" 2>&1
+  grep "^== " "$OUT/mem_new.txt"
+  if [ -d _carry/base ]; then
+    (cd _carry/base && PYTHONPATH=$ROOT/_carry/base PYG_DFGNN_CACHE=/tmp/dfgnn_base \
+      timeout 200 python $ROOT/scripts/memory_layer.py ${MEM_ARGS:-}) > "$OUT/mem_base.txt" 2>&1
+    echo "(base)"; grep "^== " "$OUT/mem_base.txt"
+  fi
 fi
 if has check && [ -f _carry/bf16chk.py ]; then
   # an ad-hoc script run on this tree and on _carry/base (_carry is not committed)
