@@ -50,6 +50,10 @@ void bwd_gat(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdO
 void bwd_gatv2(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
 void bwd_dot(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
 void bwd_agnn(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, BwdOut&);
+// after bwd_agnn: d_src <- c d_src + d_val and d_att <- <d_src, keys> in one
+// pass (attention_agnn.cu; dfgnn_C::attention_bwd_folded); false (nothing
+// done) for layouts or dtypes it does not take
+bool agnn_fold_grads(const FeatArgs&, BwdOut&);
 
 // GAT's node logits and their backward (gat_logits.cu)
 std::tuple<at::Tensor, at::Tensor> gat_logits(const at::Tensor& x, const at::Tensor& att_src,

@@ -11,8 +11,12 @@
   "bool need_alpha, int[] sched, Tensor? work, Tensor? merge, Tensor? t_work, "              \
   "Tensor? t_merge) -> (Tensor, Tensor, Tensor)"
 
-#define DFGNN_ATTENTION_BWD_SCHEMA                                                            \
-  "attention_bwd(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "       \
+// (dfgnn_C::attention_bwd_folded, CUDA only, takes the same arguments: AGNN's
+// key and value gradients folded into one, see cuda/dfgnn_ops.cpp)
+#define DFGNN_ATTENTION_BWD_SCHEMA "attention_bwd" DFGNN_ATTENTION_BWD_ARGS
+#define DFGNN_ATTENTION_BWD_FOLDED_SCHEMA "attention_bwd_folded" DFGNN_ATTENTION_BWD_ARGS
+#define DFGNN_ATTENTION_BWD_ARGS                                                              \
+  "(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "                    \
   "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "       \
   "Tensor? att, float scale, float negative_slope, float dropout_p, int seed, "              \
   "Tensor out, Tensor lse, Tensor grad_out, int[] sched, Tensor? work, Tensor? merge, "      \

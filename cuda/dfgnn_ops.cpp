@@ -232,7 +232,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
   return {o.out, o.lse, o.alpha};
 }
 
-std::vector<at::Tensor> attention_bwd(
+// fold: attention_bwd_folded (below)
+std::vector<at::Tensor> attention_bwd_impl(
     int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
     const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
     const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
@@ -240,7 +241,7 @@ std::vector<at::Tensor> attention_bwd(
     const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     at::IntArrayRef sched, const optional<at::Tensor>& work, const optional<at::Tensor>& merge,
-    const optional<at::Tensor>& t_work, const optional<at::Tensor>& t_merge) {
+    const optional<at::Tensor>& t_work, const optional<at::Tensor>& t_merge, bool fold) {
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, false);
@@ -279,7 +280,8 @@ std::vector<at::Tensor> attention_bwd(
   else if (kind == 1) bwd_gatv2(g, f, s, bi, o);
   else if (agnn) {
     bwd_agnn(g, f, s, bi, o);
-    key_scale_grads(f, f.src, o);
+    if (fold && agnn_fold_grads(f, o)) o.d_val = empty();   // (folded into d_src)
+    else key_scale_grads(f, f.src, o);
   } else {
     bwd_dot(g, f, s, bi, o);
     if (f.att.defined()) key_scale_grads(f, fit(unscaled, lay.Fp), o);
@@ -290,6 +292,34 @@ std::vector<at::Tensor> attention_bwd(
   };
   return {back(o.d_dst, orig.dst), back(o.d_src, orig.src), back(o.d_val, orig.val),
           back(o.d_edge, orig.edge), back(o.d_att, orig.att)};
+}
+
+#define DFGNN_BWD_PARAMS                                                                  \
+  int64_t kind, const at::Tensor &rowptr, const at::Tensor &col,                              \
+      const optional<at::Tensor> &perm, const at::Tensor &t_rowptr, const at::Tensor &t_col,  \
+      const at::Tensor &t_perm, const at::Tensor &dst, const at::Tensor &src,                 \
+      const optional<at::Tensor> &val, const optional<at::Tensor> &edge,                      \
+      const optional<at::Tensor> &att, double scale, double slope, double p, int64_t seed,    \
+      const at::Tensor &out, const at::Tensor &lse, const at::Tensor &grad_out,               \
+      at::IntArrayRef sched, const optional<at::Tensor> &work,                                \
+      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                  \
+      const optional<at::Tensor> &t_merge
+#define DFGNN_BWD_ARGS                                                                       \
+  kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val, edge, att, scale, slope, p, \
+      seed, out, lse, grad_out, sched, work, merge, t_work, t_merge
+
+std::vector<at::Tensor> attention_bwd(DFGNN_BWD_PARAMS) {
+  return attention_bwd_impl(DFGNN_BWD_ARGS, false);
+}
+
+// attention_bwd, except that where AGNN's kernels ran (keys given as the values,
+// with a key scale) the key and value gradients come back folded: d_src is the
+// gradient of the one keys-and-values tensor (c_j dK_j + dV_j) and d_value an
+// empty tensor; one pass over [N, H, F] instead of key_scale_grads' three and
+// autograd's addition of the two (the eager CUDA path's Function, whose inputs
+// k and v are then one tensor; the custom op keeps attention_bwd's outputs).
+std::vector<at::Tensor> attention_bwd_folded(DFGNN_BWD_PARAMS) {
+  return attention_bwd_impl(DFGNN_BWD_ARGS, true);
 }
 
 // The backward's column-pass mode for the whole process (forced_backward_mode):
@@ -310,6 +340,7 @@ int64_t get_backward_mode() { return forced_backward_mode().load(); }
 TORCH_LIBRARY(dfgnn_C, m) {
   m.def(DFGNN_ATTENTION_FWD_SCHEMA);
   m.def(DFGNN_ATTENTION_BWD_SCHEMA);
+  m.def(DFGNN_ATTENTION_BWD_FOLDED_SCHEMA);
   m.def("gat_logits(Tensor x, Tensor att_src, Tensor att_dst) -> (Tensor, Tensor)");
   m.def("gat_logits_bwd(Tensor x, Tensor att_src, Tensor att_dst, Tensor d_src, "
         "Tensor d_dst, Tensor(a!) d_x) -> (Tensor, Tensor)");
@@ -322,6 +353,7 @@ TORCH_LIBRARY(dfgnn_C, m) {
 TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("attention_fwd", &dfgnn::attention_fwd);
   m.impl("attention_bwd", &dfgnn::attention_bwd);
+  m.impl("attention_bwd_folded", &dfgnn::attention_bwd_folded);
   m.impl("gat_logits", &dfgnn::gat_logits);
   m.impl("gat_logits_bwd", &dfgnn::gat_logits_bwd);
   m.impl("stack_pad_heads", &dfgnn::stack_pad_heads);

@@ -242,17 +242,21 @@ def attention_bwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
 
 def _cuda_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value,
               edge, att, scale, negative_slope, dropout_p, seed: int, out, lse, grad_out, sched,
-              work, merge, t_work, t_merge):
-    """The CUDA backward with the dropout seed as a Python int."""
+              work, merge, t_work, t_merge, fold=False):
+    """The CUDA backward with the dropout seed as a Python int.  ``fold``: where
+    AGNN's kernels run (keys passed as the values, with a key scale), the key
+    and value gradients come back as one (``d_src``, with an empty ``d_value``:
+    ``dfgnn_C::attention_bwd_folded``), which only a caller whose keys and
+    values are one autograd input may ask for (:class:`EagerAttention`)."""
     if src_feat.dtype == torch.float64:
         return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
                                       edge, att, scale, negative_slope, dropout_p, seed, out,
                                       lse, grad_out)
-    return list(_ext().attention_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm,
-                                     dst_feat, src_feat, value, edge, att, scale,
-                                     negative_slope, dropout_p, seed, out, lse,
-                                     grad_out.contiguous(), sched, work, merge, t_work,
-                                     t_merge))
+    ext = _ext()
+    op = ext.attention_bwd_folded if fold else ext.attention_bwd
+    return list(op(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
+                   value, edge, att, scale, negative_slope, dropout_p, seed, out, lse,
+                   grad_out.contiguous(), sched, work, merge, t_work, t_merge))
 
 
 _attention_bwd_cuda = attention_bwd.register_kernel("cuda")(_seed_as_int(_cuda_bwd))
@@ -379,6 +383,7 @@ def _eager_function(name: str, fwd, bwd, doc: str, cpu: bool) -> type:
                      **extra)
         out, lse, alpha = output
         ctx.meta = meta
+        ctx.kv = src_feat is value   # (one autograd input for keys and values)
         ctx.save_for_backward(dst_feat, src_feat, value, edge, att, out, lse)
         ctx.mark_non_differentiable(lse, alpha)
         ctx.set_materialize_grads(False)
@@ -389,7 +394,8 @@ def _eager_function(name: str, fwd, bwd, doc: str, cpu: bool) -> type:
             return (None,) * 6
         dst_feat, src_feat, value, edge, att, out, lse = ctx.saved_tensors
         kind, g, plan, scale, slope, p, seed, _ = ctx.meta
-        extra = {"ops": ctx.ops} if cpu else {}
+        # (CUDA: keys that are the values get one gradient, the values' None)
+        extra = {"ops": ctx.ops} if cpu else {"fold": ctx.kv}
         grads = bwd(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst_feat,
                     src_feat, value, edge, att, scale, slope, p, seed, out, lse, grad_out,
                     plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge, **extra)

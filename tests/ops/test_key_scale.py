@@ -228,3 +228,38 @@ def test_agnn_prologue_node_gradients(num_dst):
                 assert a is None or not a.any()
                 continue
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,F,split", [(1, 80, None), (2, 19, 16)])
+def test_folded_key_value_gradient(dtype, heads, F, split):
+    """Eager CUDA calls whose keys are the values (AGNN's kernels) get one
+    gradient for both from the op (``dfgnn_C::attention_bwd_folded``: ``c_j dK_j
+    + dV_j`` and the key scale's gradient in one pass over the rows, no ``d_v``);
+    the custom op returns ``d_k`` and ``d_v`` apart and autograd adds them.
+    Same gradients to a few roundings; the eager Function gives ``v`` none."""
+    from pyg_dfgnn.ops import fused
+    n = 300
+    gen = torch.Generator().manual_seed(heads * 100 + F)
+    ei = random_graph(n, n, 3000, super_node=(900, 3), generator=gen).cuda()
+    g = get_graph(ei, (n, n))
+    q = torch.randn(n, heads, F, generator=gen).to("cuda", dtype).requires_grad_(True)
+    x = torch.randn(n, heads, F, generator=gen).to("cuda", dtype).requires_grad_(True)
+    c = (torch.rand(n, heads, generator=gen) + 0.5).to("cuda", dtype).requires_grad_(True)
+    gout = torch.randn(n, heads, F, generator=gen).to("cuda", dtype)
+    args = (int(fused.ref.DOT), g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm,
+            q, x, x, None, c, 0.5, 0.2, 0.0, None, False, [0, 0, 0], None, None, None, None)
+    results = []
+    with schedule.override(split=split):
+        for fn in (fused.attention, fused.attention_fwd):
+            out = fn(*args)[0]
+            results.append((out,) + torch.autograd.grad(out, (q, x, c), gout))
+        out = fused.attention(*args)[0]
+        assert isinstance(out.grad_fn, fused.EagerAttention._backward_cls)
+        d = out.grad_fn.apply(gout, None, None)   # (meta, dst, src, value, edge, att)
+        assert d[3] is None and d[2] is not None and d[5] is not None
+    u = _unit(dtype)
+    for a, b in zip(*results):
+        tol = 8 * u * float(b.detach().abs().max())
+        torch.testing.assert_close(a, b, rtol=0, atol=tol)
