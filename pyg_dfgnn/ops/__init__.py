@@ -354,7 +354,12 @@ class _AGNNPrologue(torch.autograd.Function):
         \qquad d\beta = \sum_i c_i s_i
 
     (autograd's six nodes of norm, clamp, reciprocal and two products, in
-    the same dtype; the sums accumulate in fp32 as ATen's reductions do)."""
+    the same dtype; the sums accumulate in fp32 as ATen's reductions do).
+
+    Its third output is ``x.unsqueeze(1)``, the attention's keys and values:
+    their gradient :math:`dk_i` (one tensor, the op folds keys and values)
+    then reaches this node, which adds it into :math:`dx` with its own terms
+    (``addcmul``) instead of autograd adding two ``[N, F]`` branches."""
 
     @staticmethod
     def forward(ctx, x, beta, num_dst, eps):
@@ -362,10 +367,10 @@ class _AGNNPrologue(torch.autograd.Function):
         ctx.save_for_backward(x, beta, c, n)
         ctx.num_dst, ctx.eps = num_dst, eps
         ctx.set_materialize_grads(False)
-        return q, c
+        return q, c, x.unsqueeze(1)
 
     @staticmethod
-    def backward(ctx, dq, dc):
+    def backward(ctx, dq, dc, dk):
         x, beta, c, n = ctx.saved_tensors
         nd = ctx.num_dst
         xd, cd = x[:nd], c[:nd]
@@ -380,9 +385,9 @@ class _AGNNPrologue(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # the norm's term, zero where |x| < eps (the clamp's gradient)
             w = torch.where(n >= ctx.eps, cbar * c * c / n.neg(), torch.zeros_like(c))
-            dx = x * w
+            dx = x * w if dk is None else torch.addcmul(dk.squeeze(1), x, w)
             if dq is not None:
-                dx[:nd].add_(dq * (cd * beta))
+                dx[:nd].addcmul_(dq, cd * beta)
         return dx, dbeta, None, None
 
 
@@ -413,10 +418,10 @@ def agnn_attention(graph: CSRGraph, x: Tensor, beta: Tensor, dropout: float = 0.
     eps = _check_float("eps", eps)
     beta = beta.reshape(()).to(x.device, x.dtype)
     if _prologue_node(x, beta):
-        q, c = _AGNNPrologue.apply(x, beta, graph.num_dst, eps)
+        q, c, x3 = _AGNNPrologue.apply(x, beta, graph.num_dst, eps)
     else:
         q, c, _ = _agnn_prologue(x, beta, graph.num_dst, eps)
-    x3 = x.unsqueeze(1)
+        x3 = x.unsqueeze(1)
     out, alpha = dot_attention(graph, q, x3, x3, None, 1.0, dropout, return_alpha,
                                key_scale=c)
     return out.squeeze(1), alpha

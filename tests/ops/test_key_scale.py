@@ -201,10 +201,11 @@ def test_bad_key_scale_names_the_argument():
 @pytest.mark.parametrize("num_dst", [9, 5])
 def test_agnn_prologue_node_gradients(num_dst):
     """ops._AGNNPrologue (AGNN's norms, key scale and queries as one autograd
-    node) against autograd of the same ops: gradcheck in float64, and every
-    gradient with one of dq / dc absent and with a row below eps (where the
-    clamp stops the norm's gradient; gradcheck's finite differences would
-    cross eps there)."""
+    node, with ``x.unsqueeze(1)`` as its third output, the keys) against
+    autograd of the same ops: gradcheck in float64, and every gradient with
+    some of dq / dc / dk absent and with a row below eps (where the clamp
+    stops the norm's gradient; gradcheck's finite differences would cross eps
+    there)."""
     from pyg_dfgnn import ops
     gen = torch.Generator().manual_seed(num_dst)
     x = torch.randn(9, 6, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -213,14 +214,18 @@ def test_agnn_prologue_node_gradients(num_dst):
         lambda x, b: ops._AGNNPrologue.apply(x, b, num_dst, 1e-12), (x, beta))
     xt = (x.detach() * torch.tensor([1.0] * 3 + [1e-14] + [1.0] * 5, dtype=torch.float64)
           .unsqueeze(1)).requires_grad_(True)
-    for with_q, with_c in ((True, True), (True, False), (False, True)):
+    for with_q, with_c, with_k in ((True, True, True), (True, False, False),
+                                   (False, True, False), (True, True, False),
+                                   (False, False, True)):
         gq = torch.randn(num_dst, 1, 6, generator=gen, dtype=torch.float64)
         gc = torch.randn(9, 1, generator=gen, dtype=torch.float64)
+        gk = torch.randn(9, 1, 6, generator=gen, dtype=torch.float64)
         grads = []
-        for q, c in (ops._AGNNPrologue.apply(xt, beta, num_dst, 1e-12),
-                     ops._agnn_prologue(xt, beta, num_dst, 1e-12)[:2]):
+        for q, c, k in (ops._AGNNPrologue.apply(xt, beta, num_dst, 1e-12),
+                        ops._agnn_prologue(xt, beta, num_dst, 1e-12)[:2] + (xt.unsqueeze(1),)):
             # (a term left out: its output's gradient is absent, not zero)
-            loss = sum(t for t, used in (((q * gq).sum(), with_q), ((c * gc).sum(), with_c))
+            loss = sum(t for t, used in (((q * gq).sum(), with_q), ((c * gc).sum(), with_c),
+                                         ((k * gk).sum(), with_k))
                        if used)
             grads.append(torch.autograd.grad(loss, (xt, beta), allow_unused=True))
         for a, b in zip(*grads):
