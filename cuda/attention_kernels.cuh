@@ -28,7 +28,9 @@
 // g and alpha~ are stored (fp32 [E, H] x 2) or, in recompute mode, recomputed
 // from (m_i, log l_i, Delta_i).  GAT, whose score is a scalar, gathers feature
 // rows in its column pass only (emit-dP mode and two scalar passes: see
-// bwd_gat_row_kernel).
+// bwd_gat_row_kernel).  GATv2's row-pass groups take several (item, head)
+// pairs of one head on a capped grid and sum its attention vector's gradient
+// over them (bwd_row_kernel).
 #pragma once
 
 #include <ATen/ATen.h>
