@@ -70,6 +70,19 @@ inline int choose_group(int forced, int64_t F, int vec, int kind) {
 // to a few fp32 roundings (tests/ops/test_cuda_kernels.py).
 // A mode forced through set_backward_mode (forced_backward_mode) takes precedence
 // over the environment variable.
+// A constant of the current device asked of the driver once (query(dev) for
+// devices 0-63, cached in `cache`; any later device is asked every time).
+template <typename Query>
+int64_t device_constant(std::atomic<int64_t> (&cache)[64], Query&& query) {
+  const int dev = c10::cuda::current_device();
+  int64_t v = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    v = query(dev);
+    if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 inline bool recompute_backward(int64_t per_edge_bytes) {
   const int forced = forced_backward_mode().load(std::memory_order_relaxed);
   if (forced == 0 || forced == 1) return forced == 1;
@@ -80,16 +93,13 @@ inline bool recompute_backward(int64_t per_edge_bytes) {
     TORCH_CHECK(!env || !*env || std::strcmp(env, "auto") == 0,
                 "PYG_DFGNN_BACKWARD: must be 'auto', 'store' or 'recompute', got '", env, "'");
   }
-  const int dev = c10::cuda::current_device();
-  static std::atomic<int64_t> totals[64];   // device memory, asked once per device
-  int64_t total = dev < 64 ? totals[dev].load() : 0;
-  if (total == 0) {
+  static std::atomic<int64_t> totals[64];   // device memory
+  const int64_t total = device_constant(totals, [](int) {
     size_t free_b = 0, total_b = 0;
     C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    total = (int64_t)total_b;
-    if (dev < 64) totals[dev].store(total);
-  }
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev);
+    return (int64_t)total_b;
+  });
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
   const int64_t allocated = stats.allocated_bytes[0].current;
   return per_edge_bytes * 4 > total - allocated;
 }
@@ -128,19 +138,14 @@ struct Launch {
 // each): at most kAttWaves blocks per SM, and a whole number of heads of
 // groups.  Returns the number of groups, i.e. of partial rows.
 constexpr int64_t kAttWaves = 8;
-inline int64_t sm_count() {   // of the current device, asked once per device
-  static std::atomic<int> cache[64];
-  const int dev = c10::cuda::current_device();
-  int n = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (n == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
 inline int64_t bwd_row_grid(Launch& l, int64_t H, int G) {
   const int64_t gpb = kThreads / G;
-  const int64_t sms = sm_count();
+  static std::atomic<int64_t> sm_counts[64];
+  const int64_t sms = device_constant(sm_counts, [](int dev) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return (int64_t)n;
+  });
   int64_t blocks = std::min<int64_t>(l.grid.x, sms * kAttWaves);
   const int64_t q = H / std::gcd(gpb, H);   // blocks per whole number of heads
   blocks = (blocks + q - 1) / q * q;

@@ -232,16 +232,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
   return {o.out, o.lse, o.alpha};
 }
 
-// fold: attention_bwd_folded (below)
-std::vector<at::Tensor> attention_bwd_impl(
-    int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
-    const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
-    const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
-    const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
-    const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
-    at::IntArrayRef sched, const optional<at::Tensor>& work, const optional<at::Tensor>& merge,
-    const optional<at::Tensor>& t_work, const optional<at::Tensor>& t_merge, bool fold) {
+#define DFGNN_BWD_PARAMS                                                                  \
+  int64_t kind, const at::Tensor &rowptr, const at::Tensor &col,                              \
+      const optional<at::Tensor> &perm, const at::Tensor &t_rowptr, const at::Tensor &t_col,  \
+      const at::Tensor &t_perm, const at::Tensor &dst, const at::Tensor &src,                 \
+      const optional<at::Tensor> &val, const optional<at::Tensor> &edge,                      \
+      const optional<at::Tensor> &att, double scale, double slope, double p, int64_t seed,    \
+      const at::Tensor &out, const at::Tensor &lse, const at::Tensor &grad_out,               \
+      at::IntArrayRef sched, const optional<at::Tensor> &work,                                \
+      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                  \
+      const optional<at::Tensor> &t_merge
+#define DFGNN_BWD_ARGS                                                                       \
+  kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val, edge, att, scale, slope, p, \
+      seed, out, lse, grad_out, sched, work, merge, t_work, t_merge
+
+// (the arguments of DFGNN_ATTENTION_BWD_SCHEMA; fold: attention_bwd_folded, below)
+std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold) {
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, false);
@@ -293,20 +299,6 @@ std::vector<at::Tensor> attention_bwd_impl(
   return {back(o.d_dst, orig.dst), back(o.d_src, orig.src), back(o.d_val, orig.val),
           back(o.d_edge, orig.edge), back(o.d_att, orig.att)};
 }
-
-#define DFGNN_BWD_PARAMS                                                                  \
-  int64_t kind, const at::Tensor &rowptr, const at::Tensor &col,                              \
-      const optional<at::Tensor> &perm, const at::Tensor &t_rowptr, const at::Tensor &t_col,  \
-      const at::Tensor &t_perm, const at::Tensor &dst, const at::Tensor &src,                 \
-      const optional<at::Tensor> &val, const optional<at::Tensor> &edge,                      \
-      const optional<at::Tensor> &att, double scale, double slope, double p, int64_t seed,    \
-      const at::Tensor &out, const at::Tensor &lse, const at::Tensor &grad_out,               \
-      at::IntArrayRef sched, const optional<at::Tensor> &work,                                \
-      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                  \
-      const optional<at::Tensor> &t_merge
-#define DFGNN_BWD_ARGS                                                                       \
-  kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val, edge, att, scale, slope, p, \
-      seed, out, lse, grad_out, sched, work, merge, t_work, t_merge
 
 std::vector<at::Tensor> attention_bwd(DFGNN_BWD_PARAMS) {
   return attention_bwd_impl(DFGNN_BWD_ARGS, false);
