@@ -247,6 +247,13 @@ class TrainConfig:
         "E x heads x 4), "
         "recompute = recompute them from the row statistics (no per-edge memory, a slower "
         "column pass), auto = store unless short of memory (or as PYG_DFGNN_BACKWARD says)")
+    cublas_workspace_kib: Union[int, str, None] = _f(
+        "auto", help="CUDA: cuBLAS workspace per (handle, stream) in KiB (PyTorch's default "
+                     "is 32 MiB on Hopper, kept for the life of the process; a training step "
+                     "holds two); auto = 1024 where the steps replay CUDA graphs (measured "
+                     "no slower there), else PyTorch's default; an int = that size for "
+                     "any run; null = PyTorch's default; an exported "
+                     "CUBLAS_WORKSPACE_CONFIG wins")
     compile: CompileConfig = field(default_factory=CompileConfig)
     cuda_graphs: Union[bool, str] = _f(
         False, help="capture the training step and the evaluation forward as CUDA graphs "
@@ -525,6 +532,11 @@ def _validate(cfg: TrainConfig) -> None:
                           f"{cfg.max_steps_per_epoch}")
     if isinstance(cfg.resume, str) and not cfg.resume:
         raise ConfigError("resume: empty path; use true, false/null or a checkpoint path")
+    ws = cfg.cublas_workspace_kib
+    if (isinstance(ws, str) and ws != "auto") or isinstance(ws, bool) \
+            or (isinstance(ws, int) and ws < 0):
+        raise ConfigError(f"cublas_workspace_kib: must be auto, a size >= 0 in KiB or null "
+                          f"(PyTorch's default), got {ws!r}")
 
 
 def _validate_cuda_graphs(cfg: TrainConfig) -> None:

@@ -37,7 +37,7 @@ import torch
 
 __all__ = ["MemoryEstimate", "estimate_memory", "estimate_for_config",
            "device_sampling_bytes", "samples_on_device", "device_free_bytes",
-           "check_fits", "LAYER_CONSTANTS", "format_bytes"]
+           "check_fits", "LAYER_CONSTANTS", "format_bytes", "set_cublas_workspace"]
 
 #: per model: (k_node: [N, D] tensors saved per layer, k_msg: [E', D] tensors
 #: saved per pyg layer, k_edge: [E', H] tensors saved per pyg layer, self-loops)
@@ -256,3 +256,47 @@ def dry_run(cfg, log=print) -> Dict[str, Any]:
     if fits:
         log(msg)
     return {"estimate": est, "fits": fits, "message": msg}
+
+
+def set_cublas_workspace(kib: Optional[int], device: torch.device) -> Optional[str]:
+    """Size the cuBLAS workspaces of this process to ``kib`` KiB (the
+    ``cublas_workspace_kib`` key); returns the line to log (``None``: not a
+    CUDA run).
+
+    PyTorch gives every (cuBLAS handle, stream) pair its own workspace from the
+    caching allocator and keeps it for the life of the process: 32 MiB each on
+    Hopper and Blackwell.  A training step uses at least two handles (the
+    forward's thread and autograd's backward thread), so two workspaces stay
+    allocated: 64 MiB, a third of a captured GT step's peak (docs/BENCHMARKS.md,
+    sessions 9 and 21).  The GEMMs of these models are ``[N, hidden] x
+    [hidden, k hidden]`` and do not need them.
+
+    Where torch has :func:`torch.backends.cuda.cublas_workspace_size` (2.12+)
+    it is called; older versions read ``CUBLAS_WORKSPACE_CONFIG`` once, at the
+    process's first cuBLAS call, so it is set in the environment (it then
+    applies if no GEMM ran before this run started, as in ``dfgnn train``).  A
+    ``CUBLAS_WORKSPACE_CONFIG`` the user exported is kept.  ``kib=None`` leaves
+    PyTorch's default.
+    """
+    if device.type != "cuda":
+        return None
+    if kib is None:
+        return "cublas workspace: PyTorch's default"
+    user = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if user is not None and os.environ.get("_PYG_DFGNN_CUBLAS_WS") != user:
+        return (f"cublas workspace: CUBLAS_WORKSPACE_CONFIG={user} from the environment "
+                f"(cublas_workspace_kib: {kib} not applied)")
+    size = int(kib) * 1024
+    if hasattr(torch._C, "_cuda_setCublasWorkspaceSize"):   # (CUDA builds of torch 2.12+)
+        torch.backends.cuda.cublas_workspace_size(size)
+        if hasattr(torch._C, "_cuda_setCublasLtWorkspaceSize") \
+                and torch.backends.cuda.cublaslt_workspace_size() > size:
+            torch.backends.cuda.cublaslt_workspace_size(size)
+        how = "torch.backends.cuda.cublas_workspace_size"
+    else:
+        value = f":{int(kib)}:1"
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = value
+        os.environ["_PYG_DFGNN_CUBLAS_WS"] = value   # ours, so a later run may change it
+        how = (f"CUBLAS_WORKSPACE_CONFIG={value}; applies from this process's first "
+               f"cuBLAS call")
+    return f"cublas workspace: {kib} KiB per handle and stream ({how})"
