@@ -79,7 +79,7 @@ RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_di
 #: ``cublas_workspace_kib: auto``: the cuBLAS workspace of runs whose steps
 #: replay CUDA graphs.  Measured on an H100 (docs/BENCHMARKS.md, session 21):
 #: CLUSTER GT bf16 run peak 184 -> 122 MiB at the same epoch time; PyG's eager
-#: steps ran 1.3-1.7x slower with it, so eager runs keep PyTorch's default.
+#: steps ran 1.3-1.6x slower with it, so eager runs keep PyTorch's default.
 AUTO_CUBLAS_WORKSPACE_KIB = 1024
 
 
