@@ -258,6 +258,10 @@ def dry_run(cfg, log=print) -> Dict[str, Any]:
     return {"estimate": est, "fits": fits, "message": msg}
 
 
+#: whether :func:`set_cublas_workspace` changed the size in this process
+_WORKSPACE_SET = False
+
+
 def set_cublas_workspace(kib: Optional[int], device: torch.device) -> Optional[str]:
     """Size the cuBLAS workspaces of this process to ``kib`` KiB (the
     ``cublas_workspace_kib`` key); returns the line to log (``None``: not a
@@ -271,23 +275,37 @@ def set_cublas_workspace(kib: Optional[int], device: torch.device) -> Optional[s
     sessions 9 and 21).  The GEMMs of these models are ``[N, hidden] x
     [hidden, k hidden]`` and do not need them.
 
-    Where torch has :func:`torch.backends.cuda.cublas_workspace_size` (2.12+)
-    it is called; older versions read ``CUBLAS_WORKSPACE_CONFIG`` once, at the
-    process's first cuBLAS call, so it is set in the environment (it then
-    applies if no GEMM ran before this run started, as in ``dfgnn train``).  A
-    ``CUBLAS_WORKSPACE_CONFIG`` the user exported is kept.  ``kib=None`` leaves
-    PyTorch's default.
+    Where torch has :func:`torch.backends.cuda.cublas_workspace_size` (2.13
+    has it, 2.11 does not) it is called; older versions read
+    ``CUBLAS_WORKSPACE_CONFIG`` once, at the process's first cuBLAS call, so
+    it is set in the environment (it then applies if no GEMM ran before this
+    run started, as in ``dfgnn train``).  A ``CUBLAS_WORKSPACE_CONFIG`` the
+    user exported is kept.  ``kib=None`` is PyTorch's default: it undoes what
+    an earlier run of the same process set, where it still can.
     """
+    global _WORKSPACE_SET
     if device.type != "cuda":
         return None
-    if kib is None:
-        return "cublas workspace: PyTorch's default"
+    if kib is None:   # undo what an earlier run of this process set
+        note = ""
+        if _WORKSPACE_SET and hasattr(torch._C, "_cuda_resetCublasWorkspaceSize"):
+            torch._C._cuda_resetCublasWorkspaceSize()
+            if hasattr(torch._C, "_cuda_resetCublasLtWorkspaceSize"):
+                torch._C._cuda_resetCublasLtWorkspaceSize()
+        ours = os.environ.get("_PYG_DFGNN_CUBLAS_WS")
+        if ours is not None and os.environ.get("CUBLAS_WORKSPACE_CONFIG") == ours:
+            del os.environ["CUBLAS_WORKSPACE_CONFIG"], os.environ["_PYG_DFGNN_CUBLAS_WS"]
+            note = (f" (an earlier run of this process set CUBLAS_WORKSPACE_CONFIG={ours}, "
+                    f"which stays in effect if cuBLAS has read it)")
+        _WORKSPACE_SET = False
+        return "cublas workspace: PyTorch's default" + note
     user = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if user is not None and os.environ.get("_PYG_DFGNN_CUBLAS_WS") != user:
         return (f"cublas workspace: CUBLAS_WORKSPACE_CONFIG={user} from the environment "
                 f"(cublas_workspace_kib: {kib} not applied)")
     size = int(kib) * 1024
-    if hasattr(torch._C, "_cuda_setCublasWorkspaceSize"):   # (CUDA builds of torch 2.12+)
+    _WORKSPACE_SET = True
+    if hasattr(torch._C, "_cuda_setCublasWorkspaceSize"):   # (CUDA builds of newer torch)
         torch.backends.cuda.cublas_workspace_size(size)
         if hasattr(torch._C, "_cuda_setCublasLtWorkspaceSize") \
                 and torch.backends.cuda.cublaslt_workspace_size() > size:

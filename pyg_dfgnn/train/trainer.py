@@ -429,7 +429,7 @@ class _Run:
                 self.sched = _make_scheduler(cfg, self.opt)
         if self.cuda_graphs_off is not None:
             self.log(f"cuda_graphs: auto -> eager steps ({self.cuda_graphs_off})")
-        # before the first step's GEMMs (torch < 2.12 reads the size at the
+        # before the first step's GEMMs (torch 2.11 reads the size at the
         # process's first cuBLAS call)
         from .memory import set_cublas_workspace
         msg = set_cublas_workspace(

@@ -68,6 +68,28 @@ def test_setter_of_newer_torch(clean_env):
     assert "cublas_workspace_size" in msg and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
+def test_default_after_an_earlier_run_of_the_process(clean_env):
+    """A later run at PyTorch's default (e.g. an eager run after a captured one
+    in the same process) undoes the earlier size: the setter's reset, or the
+    environment variable while cuBLAS has not read it."""
+    calls = []
+    clean_env.setattr(torch._C, "_cuda_setCublasWorkspaceSize",
+                      lambda n: calls.append(("set", n)), raising=False)
+    clean_env.setattr(torch._C, "_cuda_getCublasWorkspaceSize", lambda: 1024, raising=False)
+    clean_env.setattr(torch._C, "_cuda_resetCublasWorkspaceSize",
+                      lambda: calls.append(("reset",)), raising=False)
+    set_cublas_workspace(1024, CUDA)
+    assert set_cublas_workspace(None, CUDA) == "cublas workspace: PyTorch's default"
+    assert calls == [("set", 1 << 20), ("reset",)]
+    set_cublas_workspace(None, CUDA)          # nothing set since: nothing to reset
+    assert calls == [("set", 1 << 20), ("reset",)]
+    clean_env.delattr(torch._C, "_cuda_setCublasWorkspaceSize")
+    set_cublas_workspace(512, CUDA)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":512:1"
+    msg = set_cublas_workspace(None, CUDA)
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ and ":512:1" in msg
+
+
 def test_user_environment_wins(clean_env):
     clean_env.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     msg = set_cublas_workspace(1024, CUDA)
