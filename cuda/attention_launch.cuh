@@ -60,16 +60,6 @@ inline int choose_group(int forced, int64_t F, int vec, int kind) {
   return g;
 }
 
-// Backward column-pass mode (bwd_col_kernel): recompute alpha and dS from the
-// row statistics (nothing per edge stored; slower) or store them per edge as
-// fp32 [E, H] x 2 in the row pass (faster).  PYG_DFGNN_BACKWARD = "store" |
-// "recompute" | "auto" (default): auto recomputes when the two arrays would
-// take more than a quarter of the device memory the caching allocator has not
-// handed out (total - allocated; the total is asked of the driver once per
-// device, at the first backward, which a CUDA graph's warm-up runs eagerly).  Both modes give the same gradients
-// to a few fp32 roundings (tests/ops/test_cuda_kernels.py).
-// A mode forced through set_backward_mode (forced_backward_mode) takes precedence
-// over the environment variable.
 // A constant of the current device asked of the driver once (query(dev) for
 // devices 0-63, cached in `cache`; any later device is asked every time).
 template <typename Query>
@@ -83,6 +73,16 @@ int64_t device_constant(std::atomic<int64_t> (&cache)[64], Query&& query) {
   return v;
 }
 
+// Backward column-pass mode (bwd_col_kernel): recompute alpha and dS from the
+// row statistics (nothing per edge stored; slower) or store them per edge as
+// fp32 [E, H] x 2 in the row pass (faster).  PYG_DFGNN_BACKWARD = "store" |
+// "recompute" | "auto" (default): auto recomputes when the two arrays would
+// take more than a quarter of the device memory the caching allocator has not
+// handed out (total - allocated; the total is asked of the driver once per
+// device, at the first backward, which a CUDA graph's warm-up runs eagerly).  Both modes give the same gradients
+// to a few fp32 roundings (tests/ops/test_cuda_kernels.py).
+// A mode forced through set_backward_mode (forced_backward_mode) takes precedence
+// over the environment variable.
 inline bool recompute_backward(int64_t per_edge_bytes) {
   const int forced = forced_backward_mode().load(std::memory_order_relaxed);
   if (forced == 0 || forced == 1) return forced == 1;
