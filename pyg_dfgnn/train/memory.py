@@ -37,7 +37,8 @@ import torch
 
 __all__ = ["MemoryEstimate", "estimate_memory", "estimate_for_config",
            "device_sampling_bytes", "samples_on_device", "device_free_bytes",
-           "check_fits", "LAYER_CONSTANTS", "format_bytes", "set_cublas_workspace"]
+           "check_fits", "LAYER_CONSTANTS", "format_bytes", "set_cublas_workspace",
+           "cublas_workspace_for", "AUTO_CUBLAS_WORKSPACE_KIB"]
 
 #: per model: (k_node: [N, D] tensors saved per layer, k_msg: [E', D] tensors
 #: saved per pyg layer, k_edge: [E', H] tensors saved per pyg layer, self-loops)
@@ -256,6 +257,22 @@ def dry_run(cfg, log=print) -> Dict[str, Any]:
     if fits:
         log(msg)
     return {"estimate": est, "fits": fits, "message": msg}
+
+
+#: ``cublas_workspace_kib: auto``: the cuBLAS workspace of runs whose steps
+#: replay CUDA graphs.  Measured on an H100 (docs/BENCHMARKS.md, session 21):
+#: CLUSTER GT bf16 run peak 184 -> 122 MiB at the same epoch time; PyG's eager
+#: steps ran 1.3-1.6x slower with it, so eager runs keep PyTorch's default.
+AUTO_CUBLAS_WORKSPACE_KIB = 1024
+
+
+def cublas_workspace_for(setting, captured: bool) -> Optional[int]:
+    """The ``cublas_workspace_kib`` of a run in KiB (``None``: PyTorch's
+    default): ``auto`` is :data:`AUTO_CUBLAS_WORKSPACE_KIB` for runs whose
+    steps replay CUDA graphs and PyTorch's default for eager steps."""
+    if setting == "auto":
+        return AUTO_CUBLAS_WORKSPACE_KIB if captured else None
+    return setting
 
 
 #: whether :func:`set_cublas_workspace` changed the size in this process

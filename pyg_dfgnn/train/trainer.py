@@ -76,21 +76,6 @@ RESUMABLE_KEYS = ("epochs", "time_limit_min", "early_stopping.patience", "out_di
                   "cublas_workspace_kib")
 
 
-#: ``cublas_workspace_kib: auto``: the cuBLAS workspace of runs whose steps
-#: replay CUDA graphs.  Measured on an H100 (docs/BENCHMARKS.md, session 21):
-#: CLUSTER GT bf16 run peak 184 -> 122 MiB at the same epoch time; PyG's eager
-#: steps ran 1.3-1.6x slower with it, so eager runs keep PyTorch's default.
-AUTO_CUBLAS_WORKSPACE_KIB = 1024
-
-
-def cublas_workspace_for(setting, captured: bool) -> Optional[int]:
-    """The ``cublas_workspace_kib`` of a run in KiB (``None``: PyTorch's
-    default): ``auto`` is :data:`AUTO_CUBLAS_WORKSPACE_KIB` for runs whose
-    steps replay CUDA graphs and PyTorch's default for eager steps."""
-    if setting == "auto":
-        return AUTO_CUBLAS_WORKSPACE_KIB if captured else None
-    return setting
-
 # ----------------------------------------------------------------------------
 # small helpers
 # ----------------------------------------------------------------------------
@@ -431,7 +416,7 @@ class _Run:
             self.log(f"cuda_graphs: auto -> eager steps ({self.cuda_graphs_off})")
         # before the first step's GEMMs (torch 2.11 reads the size at the
         # process's first cuBLAS call)
-        from .memory import set_cublas_workspace
+        from .memory import cublas_workspace_for, set_cublas_workspace
         msg = set_cublas_workspace(
             cublas_workspace_for(cfg.cublas_workspace_kib, self.graphed is not None),
             self.device)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pyg_dfgnn.train.cli import main
-from pyg_dfgnn.train.memory import set_cublas_workspace
-from pyg_dfgnn.train.trainer import AUTO_CUBLAS_WORKSPACE_KIB, cublas_workspace_for
+from pyg_dfgnn.train.memory import (AUTO_CUBLAS_WORKSPACE_KIB, cublas_workspace_for,
+                                    set_cublas_workspace)
 
 from .conftest import REPO
 
@@ -111,8 +111,8 @@ def test_recorded_in_results(tiny_args, tmp_path):
 
 _PROBE = """
 import sys, torch
-from pyg_dfgnn.train.memory import set_cublas_workspace
-from pyg_dfgnn.train.trainer import AUTO_CUBLAS_WORKSPACE_KIB, cublas_workspace_for
+from pyg_dfgnn.train.memory import (AUTO_CUBLAS_WORKSPACE_KIB, cublas_workspace_for,
+                                    set_cublas_workspace)
 kib = None if sys.argv[1] == 'null' else int(sys.argv[1])
 print(set_cublas_workspace(kib, torch.device('cuda')), file=sys.stderr)
 a = torch.randn(512, 80, device='cuda'); b = torch.randn(80, 80, device='cuda')
