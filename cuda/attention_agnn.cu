@@ -3,6 +3,7 @@
 #include "attention_launch.cuh"
 
 #include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAGuard.h>
 
 namespace dfgnn {
 DFGNN_INSTANTIATE(AGNN, agnn)
@@ -58,5 +59,88 @@ bool agnn_fold_grads(const FeatArgs& f, BwdOut& o) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return true;
+}
+
+// AGNN's prologue backward (ops._AGNNPrologue), one warp per row of x [N, F]:
+// with n = |x_r|, c = 1 / max(n, eps), s = <dq_r, x_r> (rows r < num_dst),
+//   cbar  = dc_r + beta s
+//   dx_r  = dk_r - [n >= eps] cbar c^2 / n * x_r + [r < num_dst] beta c dq_r
+//   cs_r  = c s          (fp32; beta's gradient is their sum)
+// in fp32, rounded once; absent gradients (null pointers) count as zero.
+template <typename T>
+__global__ void __launch_bounds__(256) agnn_prologue_bwd_kernel(
+    T* __restrict__ dx, float* __restrict__ cs, const T* __restrict__ x,
+    const T* __restrict__ dq, const T* __restrict__ dc, const T* __restrict__ dk,
+    const T* __restrict__ c, const T* __restrict__ n, const T* __restrict__ beta, float eps,
+    int64_t N, int64_t num_dst, int64_t F) {
+  const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (r >= N) return;
+  const T* xr = x + r * F;
+  const T* qr = dq != nullptr && r < num_dst ? dq + r * F : nullptr;
+  const T* kr = dk != nullptr ? dk + r * F : nullptr;
+  float s = 0.f;
+  if (qr != nullptr) {
+    for (int64_t f = lane; f < F; f += 32) s += static_cast<float>(qr[f]) * static_cast<float>(xr[f]);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  }
+  const float b = static_cast<float>(*beta), cr = static_cast<float>(c[r]),
+              nr = static_cast<float>(n[r]);
+  const float cbar = (dc != nullptr ? static_cast<float>(dc[r]) : 0.f) + b * s;
+  const float w = nr >= eps ? -cbar * cr * cr / nr : 0.f;
+  const float a = b * cr;
+  T* dr = dx + r * F;
+  for (int64_t f = lane; f < F; f += 32) {
+    float v = w * static_cast<float>(xr[f]);
+    if (kr != nullptr) v += static_cast<float>(kr[f]);
+    if (qr != nullptr) v += a * static_cast<float>(qr[f]);
+    dr[f] = static_cast<T>(v);
+  }
+  if (lane == 0 && qr != nullptr) cs[r] = cr * s;
+}
+
+std::tuple<at::Tensor, at::Tensor> agnn_prologue_bwd(const at::Tensor& x,
+                                                     const c10::optional<at::Tensor>& dq,
+                                                     const c10::optional<at::Tensor>& dc,
+                                                     const c10::optional<at::Tensor>& dk,
+                                                     const at::Tensor& c, const at::Tensor& n,
+                                                     const at::Tensor& beta, double eps) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(),
+              "pyg_dfgnn: agnn_prologue_bwd: 'x' must be a contiguous [N, F] CUDA tensor");
+  const int64_t N = x.size(0), F = x.size(1);
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
+              "pyg_dfgnn: agnn_prologue_bwd: 'x' must be float32, float16 or bfloat16, got ", dt);
+  auto same = [&](const at::Tensor& t, const char* name, int64_t rows, int64_t cols) {
+    TORCH_CHECK(t.device() == x.device() && t.scalar_type() == dt && t.is_contiguous() &&
+                    t.numel() == rows * cols && (t.dim() == 0 ? rows * cols == 1 : t.size(0) == rows),
+                "pyg_dfgnn: agnn_prologue_bwd: '", name, "' must be a contiguous ", dt,
+                " tensor of ", rows, " x ", cols, " elements on ", x.device(), ", got ",
+                t.sizes(), " ", t.scalar_type());
+  };
+  same(c, "c", N, 1);
+  same(n, "n", N, 1);
+  same(beta, "beta", 1, 1);
+  const int64_t nd = dq.has_value() ? dq->size(0) : 0;
+  TORCH_CHECK(nd <= N, "pyg_dfgnn: agnn_prologue_bwd: 'dq' has more rows than 'x'");
+  if (dq.has_value()) same(*dq, "dq", nd, F);
+  if (dc.has_value()) same(*dc, "dc", N, 1);
+  if (dk.has_value()) same(*dk, "dk", N, F);
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto dx = at::empty_like(x);
+  auto cs = at::empty({nd}, x.options().dtype(at::kFloat));
+  if (N == 0) return {dx, cs};
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dt, "agnn_prologue_bwd", [&] {
+    auto ptr = [](const c10::optional<at::Tensor>& t) {
+      return t.has_value() ? t->data_ptr<scalar_t>() : nullptr;
+    };
+    agnn_prologue_bwd_kernel<scalar_t><<<(unsigned)((N + 7) / 8), 256, 0, stream>>>(
+        dx.data_ptr<scalar_t>(), cs.data_ptr<float>(), x.data_ptr<scalar_t>(), ptr(dq), ptr(dc),
+        ptr(dk), c.data_ptr<scalar_t>(), n.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(),
+        static_cast<float>(eps), N, nd, F);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {dx, cs};
 }
 }  // namespace dfgnn

@@ -54,6 +54,15 @@ void bwd_agnn(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, Bwd
 // pass (attention_agnn.cu; dfgnn_C::attention_bwd_folded); false (nothing
 // done) for layouts or dtypes it does not take
 bool agnn_fold_grads(const FeatArgs&, BwdOut&);
+// AGNN's prologue backward (ops._AGNNPrologue): (dx, c_r s_r) from x [N, F]
+// and the gradients of q [num_dst, 1, F], c [N, 1] and the keys [N, 1, F]
+// (attention_agnn.cu; dfgnn_C::agnn_prologue_bwd)
+std::tuple<at::Tensor, at::Tensor> agnn_prologue_bwd(const at::Tensor& x,
+                                                     const c10::optional<at::Tensor>& dq,
+                                                     const c10::optional<at::Tensor>& dc,
+                                                     const c10::optional<at::Tensor>& dk,
+                                                     const at::Tensor& c, const at::Tensor& n,
+                                                     const at::Tensor& beta, double eps);
 
 // GAT's node logits and their backward (gat_logits.cu)
 std::tuple<at::Tensor, at::Tensor> gat_logits(const at::Tensor& x, const at::Tensor& att_src,

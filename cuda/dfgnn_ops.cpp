@@ -336,6 +336,8 @@ TORCH_LIBRARY(dfgnn_C, m) {
   m.def("gat_logits(Tensor x, Tensor att_src, Tensor att_dst) -> (Tensor, Tensor)");
   m.def("gat_logits_bwd(Tensor x, Tensor att_src, Tensor att_dst, Tensor d_src, "
         "Tensor d_dst, Tensor(a!) d_x) -> (Tensor, Tensor)");
+  m.def("agnn_prologue_bwd(Tensor x, Tensor? dq, Tensor? dc, Tensor? dk, Tensor c, Tensor n, "
+        "Tensor beta, float eps) -> (Tensor, Tensor)");
   m.def("stack_pad_heads(Tensor[] ws, Tensor[] bs, int heads, int chans, int width) "
         "-> (Tensor, Tensor)");
   m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
@@ -348,5 +350,6 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("attention_bwd_folded", &dfgnn::attention_bwd_folded);
   m.impl("gat_logits", &dfgnn::gat_logits);
   m.impl("gat_logits_bwd", &dfgnn::gat_logits_bwd);
+  m.impl("agnn_prologue_bwd", &dfgnn::agnn_prologue_bwd);
   m.impl("stack_pad_heads", &dfgnn::stack_pad_heads);
 }

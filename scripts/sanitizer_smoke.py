@@ -108,5 +108,17 @@ ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
 with torch.no_grad():
     conv(xg, ei)
 conv(xg, ei).sum().backward()
+# AGNN's prologue backward kernel (ops._AGNNPrologue on CUDA): every dtype, a
+# subset of destination rows, absent gradients, a row below eps
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for n, f, nd in ((129, 152, 100), (40, 19, 40)):
+        xa = torch.randn(n, f, device="cuda", dtype=dtype)
+        xa[2] = 0
+        xa.requires_grad_(True)
+        ba = torch.tensor(0.7, device="cuda", dtype=dtype, requires_grad=True)
+        q, c, k = ops._AGNNPrologue.apply(xa, ba, nd, 1e-3)
+        (q.float().sum() + c.float().sum() + k.float().square().sum()).backward()
+        q, c, k = ops._AGNNPrologue.apply(xa, ba, nd, 1e-3)
+        c.float().sum().backward()
 torch.cuda.synchronize()
 print("sanitizer smoke: done")

@@ -353,8 +353,11 @@ class _AGNNPrologue(torch.autograd.Function):
         dx_i = \beta c_i\, dq_i - [n_i \ge \epsilon]\, \bar{c}_i c_i^2\, x_i / n_i,
         \qquad d\beta = \sum_i c_i s_i
 
-    (autograd's six nodes of norm, clamp, reciprocal and two products, in
-    the same dtype; the sums accumulate in fp32 as ATen's reductions do).
+    (autograd's six nodes of norm, clamp, reciprocal and two products).  On
+    CUDA (fp32 / fp16 / bf16) the backward is one kernel,
+    ``dfgnn_C::agnn_prologue_bwd``, a warp per row, in fp32 rounded once;
+    elsewhere ATen ops in the same dtype (sums in fp32, as ATen's reductions
+    accumulate).
 
     Its third output is ``x.unsqueeze(1)``, the attention's keys and values:
     their gradient :math:`dk_i` (one tensor, the op folds keys and values)
@@ -372,6 +375,16 @@ class _AGNNPrologue(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dc, dk):
         x, beta, c, n = ctx.saved_tensors
+        if x.is_cuda and x.dtype != torch.float64 and x.is_contiguous():
+            # one pass over the rows (dfgnn_C::agnn_prologue_bwd): s, cbar and
+            # dx in fp32, rounded once; beta's gradient sums its fp32 c_i s_i
+            dx, cs = fused._ext().agnn_prologue_bwd(
+                x, None if dq is None else dq.contiguous(),
+                None if dc is None else dc.contiguous(),
+                None if dk is None else dk.contiguous(), c, n, beta, ctx.eps)
+            dbeta = cs.sum().to(beta.dtype) if dq is not None and ctx.needs_input_grad[1] \
+                else None
+            return (dx if ctx.needs_input_grad[0] else None), dbeta, None, None
         nd = ctx.num_dst
         xd, cd = x[:nd], c[:nd]
         cbar = torch.zeros_like(c) if dc is None else dc.clone()

@@ -236,6 +236,85 @@ def test_agnn_prologue_node_gradients(num_dst):
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,F,num_dst", [(700, 152, 700), (700, 256, 450), (33, 19, 20)])
+def test_agnn_prologue_kernel_against_float64(dtype, n, F, num_dst, monkeypatch):
+    """The CUDA prologue backward (``dfgnn_C::agnn_prologue_bwd``, one warp
+    per row, fp32 math rounded once) against float64 autograd of the plain
+    ops, on fresh random inputs with two rows below eps and every
+    combination of absent output gradients.  FlashAttention's rule: its
+    error is within 2x that of autograd running the same ops in ``dtype``
+    (plus a few units of ``dtype``'s rounding of the largest gradient, for
+    cells where ATen's own error happens to be tiny)."""
+    real, used = fused._ext(), []
+
+    class Spy:   # the kernel, not the ATen fallback, computes "ours"
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def agnn_prologue_bwd(self, *args):
+            used.append(1)
+            return real.agnn_prologue_bwd(*args)
+    monkeypatch.setattr(fused, "_ext", lambda: Spy())
+    gen = torch.Generator().manual_seed(n + F + num_dst)
+    x64 = torch.randn(n, F, generator=gen, dtype=torch.float64) * 2
+    x64[3] = 0.0        # rows below eps (the clamp's branch); eps is large enough that
+    x64[4] *= 1e-3      # 1 / eps stays within fp16's range and does not dominate the scale
+    beta64 = torch.tensor(1.3, dtype=torch.float64)
+    eps = 0.05
+    unit = torch.finfo(dtype).eps
+    for with_q, with_c, with_k in ((True, True, True), (True, False, False),
+                                   (False, True, False), (True, True, False),
+                                   (False, False, True), (False, True, True)):
+        gq = torch.randn(num_dst, 1, F, generator=gen, dtype=torch.float64)
+        gc = torch.randn(n, 1, generator=gen, dtype=torch.float64)
+        gk = torch.randn(n, 1, F, generator=gen, dtype=torch.float64)
+
+        def grads(dt, node):
+            x = x64.to("cuda", dt).requires_grad_(True)
+            beta = beta64.to("cuda", dt).requires_grad_(True)
+            if node:
+                q, c, k = ops._AGNNPrologue.apply(x, beta, num_dst, eps)
+            else:
+                q, c, _ = ops._agnn_prologue(x, beta, num_dst, eps)
+                k = x.unsqueeze(1)
+            terms = [(t * g.to("cuda", dt)).sum() for t, g, used in
+                     ((q, gq, with_q), (c, gc, with_c), (k, gk, with_k)) if used]
+            out = torch.autograd.grad(sum(terms), (x, beta), allow_unused=True)
+            return [None if t is None else t.double() for t in out]
+
+        ref = grads(torch.float64, node=False)
+        aten = grads(dtype, node=False)
+        used.clear()
+        ours = grads(dtype, node=True)
+        assert used == [1]
+        for name, o, a, r in zip(("x", "beta"), ours, aten, ref):
+            if r is None or not with_q and name == "beta":
+                assert o is None or not o.any(), name
+                continue
+            scale = r.abs().max().clamp_min(1e-30)
+            err_o = ((o - r).abs().max() / scale).item()
+            err_a = ((a - r).abs().max() / scale).item()
+            assert err_o <= 2 * err_a + 4 * unit, (name, with_q, with_c, with_k, err_o, err_a)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_agnn_prologue_kernel_checks_its_arguments():
+    ext = fused._ext()
+    x = torch.randn(10, 8, device="cuda")
+    c, n, beta = torch.rand(10, 1, device="cuda"), torch.rand(10, 1, device="cuda"), \
+        torch.tensor(1.0, device="cuda")
+    dk = torch.randn(10, 1, 8, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="'dk' must be a contiguous"):
+        ext.agnn_prologue_bwd(x, None, None, dk, c, n, beta, 1e-12)
+    with pytest.raises(RuntimeError, match="'dq' has more rows"):
+        ext.agnn_prologue_bwd(x, torch.randn(11, 1, 8, device="cuda"), None, None, c, n, beta,
+                              1e-12)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,F,split", [(1, 80, None), (2, 19, 16)])
 def test_folded_key_value_gradient(dtype, heads, F, split):
