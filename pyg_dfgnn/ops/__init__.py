@@ -375,7 +375,11 @@ class _AGNNPrologue(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dc, dk):
         x, beta, c, n = ctx.saved_tensors
-        if x.is_cuda and x.dtype != torch.float64 and x.is_contiguous():
+        given = [t for t in (dq, dc, dk) if t is not None]
+        if x.is_cuda and x.dtype != torch.float64 and x.is_contiguous() \
+                and all(t.dtype == x.dtype and t.device == x.device for t in given):
+            # (what the op would refuse never reaches it: an exception thrown
+            # from these ops' C++ crashed the device's process, session 21)
             # one pass over the rows (dfgnn_C::agnn_prologue_bwd): s, cbar and
             # dx in fp32, rounded once; beta's gradient sums its fp32 c_i s_i
             dx, cs = fused._ext().agnn_prologue_bwd(
