@@ -306,8 +306,9 @@ def test_agnn_prologue_kernel_against_float64(dtype, n, F, num_dst, monkeypatch)
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_agnn_prologue_kernel_only_gets_what_it_takes(monkeypatch):
-    """Gradients in another dtype than x (or a non-contiguous x) take the ATen
-    ops: the op's own checks are never reached from the Function."""
+    """A contiguous x takes the kernel and a non-contiguous one the ATen ops
+    (the op's own checks are never reached from the Function); both match
+    autograd of the plain ops."""
     real, used = fused._ext(), []
 
     class Spy:
@@ -320,18 +321,22 @@ def test_agnn_prologue_kernel_only_gets_what_it_takes(monkeypatch):
     monkeypatch.setattr(fused, "_ext", lambda: Spy())
     x = torch.randn(10, 8, device="cuda", requires_grad=True)
     beta = torch.tensor(0.9, device="cuda", requires_grad=True)
-    q, c, k = ops._AGNNPrologue.apply(x, beta, 10, 1e-12)
+    q, c, _ = ops._agnn_prologue(x, beta, 10, 1e-12)          # autograd of the plain ops
     ref = torch.autograd.grad(q.sum() + c.sum(), (x, beta))
     q, c, k = ops._AGNNPrologue.apply(x, beta, 10, 1e-12)
     got = torch.autograd.grad(q.sum() + c.sum(), (x, beta))
-    assert used
+    assert used == [1]
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b)
     xt = torch.randn(8, 10, device="cuda").t().requires_grad_(True)   # non-contiguous
     used.clear()
+    q, c, _ = ops._agnn_prologue(xt, beta, 10, 1e-12)
+    ref = torch.autograd.grad(q.sum() + c.sum(), (xt, beta))
     q, c, k = ops._AGNNPrologue.apply(xt, beta, 10, 1e-12)
-    torch.autograd.grad(q.sum(), (xt, beta))
+    got = torch.autograd.grad(q.sum() + c.sum(), (xt, beta))
     assert used == []
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.cuda
