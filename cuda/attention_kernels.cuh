@@ -53,6 +53,43 @@ enum Kind : int { GAT = 0, GATV2 = 1, DOT = 2, AGNN = 3 };
 __host__ __device__ constexpr bool dot_like(int kind) { return kind == DOT || kind == AGNN; }
 
 constexpr int kThreads = 256;
+constexpr int kMaxChunks = 2;  // feature chunks per lane per tile (registers)
+// A tile shape, the kernels' VEC template argument: the vector width w (1, 2,
+// 4 or 8 elements, one load each), plus 16 x c for a *wide tile* of c chunks
+// per lane instead of the default (kChunks).  Everything that sizes or walks
+// a lane's vectors uses kW<VEC>; everything that counts them, kChunks<VEC>.
+__host__ __device__ constexpr int width_of(int vec) { return vec & 15; }
+// Chunks per lane: at most 8 fp32 registers per tile by default, so 16-byte
+// fp16/bf16 vectors (8 elements) take one chunk, float4 two.
+__host__ __device__ constexpr int chunks_for(int vec) {
+  return vec >> 4 ? vec >> 4 : (vec >= 8 ? 1 : kMaxChunks);
+}
+template <int VEC> constexpr int kW = width_of(VEC);
+template <int VEC> constexpr int kChunks = chunks_for(VEC);
+// Wide tiles (dot-like kinds, one head wider than a 16-lane default tile):
+// with the default chunks, a head of F in (128, 192] fp32 / (128, 256] fp16 /
+// bf16 features takes a whole warp of 32 lanes with 38 of 64 float4 slots
+// busy at F = 152 (AGNN at 8 x 19), and every edge pays 5-step butterflies
+// and per-edge index work for one row.  Three float4 chunks (fp32) or two
+// 8-element vectors (fp16 / bf16) per lane cover it with 16 lanes: two rows
+// per warp, 4-step butterflies (docs/KERNELS.md, session 22).
+template <typename T> constexpr int kWideChunks = sizeof(T) == 4 ? 3 : 2;
+#ifndef DFGNN_WIDE_TILES
+#define DFGNN_WIDE_TILES 1
+#endif
+template <int VEC> constexpr bool kWide = VEC >= 16;
+// A wide tile holds 1.5x (fp32) or 2x (fp16 / bf16) the registers of a default
+// one: at the default resident blocks ptxas spilled 190-330 B (fp32, forward
+// and row pass) and 260-580 B (fp16 / bf16), so every pass of a wide tile
+// takes DFGNN_WIDE_BLOCKS resident blocks (2: 128 registers), and the column
+// pass DFGNN_WIDE_COL_BATCH edges per batch.  Two rows per warp keep 32 rows
+// in flight per SM at 2 blocks, against the default tiles' 24 at 3.
+#ifndef DFGNN_WIDE_BLOCKS
+#define DFGNN_WIDE_BLOCKS 2
+#endif
+#ifndef DFGNN_WIDE_COL_BATCH
+#define DFGNN_WIDE_COL_BATCH 2
+#endif
 // Resident blocks per SM the compiler must allow (register cap 65536 /
 // (kThreads * blocks)): 2 -> 128 registers, 3 -> 80, 4 -> 64.  The kernels
 // are latency-bound gathers (docs/KERNELS.md, session 7), so occupancy is
@@ -120,12 +157,19 @@ template <int KIND, typename T> constexpr int kRowBlocks =
 // So those take these counts only on graphs whose gathered rows are
 // L2-resident (kL2Bytes, chosen at launch: attention_launch.cuh).
 template <int KIND, typename T, int VEC> constexpr bool kNarrowFp32 =
-    sizeof(T) == 4 && VEC == 2 && (KIND == DOT || KIND == GATV2);
+    sizeof(T) == 4 && kW<VEC> == 2 && (KIND == DOT || KIND == GATV2);
 // ... and with L2-resident rows (the `small` launch variant)
 template <int KIND, typename T, int VEC> constexpr int kFwdBlocksSmall =
+    kWide<VEC> ? DFGNN_WIDE_BLOCKS :
     kNarrowFp32<KIND, T, VEC> && !DFGNN_FWD_BLOCKS ? 4 : kFwdBlocks<KIND, T>;
 template <int KIND, typename T, int VEC> constexpr int kRowBlocksSmall =
+    kWide<VEC> ? DFGNN_WIDE_BLOCKS :
     kNarrowFp32<KIND, T, VEC> && !DFGNN_ROW_BLOCKS ? 3 : kRowBlocks<KIND, T>;
+// ... and on other graphs (the default launch variant)
+template <int KIND, typename T, int VEC> constexpr int kFwdBlocksLarge =
+    kWide<VEC> ? DFGNN_WIDE_BLOCKS : kFwdBlocks<KIND, T>;
+template <int KIND, typename T, int VEC> constexpr int kRowBlocksLarge =
+    kWide<VEC> ? DFGNN_WIDE_BLOCKS : kRowBlocks<KIND, T>;
 // Gathered feature bytes (source rows the kernels read per edge) up to which a
 // graph counts as L2-resident for the variants above: a third of the 50 MB L2
 // of an H100 / H200.  Measured at 9.7 MB (PATTERN x128, 8 x 10 fp32 keys and
@@ -144,7 +188,8 @@ enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2 };
 #ifndef DFGNN_EMIT_BLOCKS
 #define DFGNN_EMIT_BLOCKS 0
 #endif
-template <int KIND, typename T, int MODE> constexpr int kColBlocks =
+template <int KIND, typename T, int MODE, int VEC> constexpr int kColBlocks =
+    kWide<VEC> ? DFGNN_WIDE_BLOCKS :
     MODE == kColEmitDP ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 2)
                        : blocks_for(sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS,
                                     MODE != kColStored ? 2 : 3, DFGNN_COL_BLOCKS, 2);
@@ -152,11 +197,6 @@ template <int KIND, typename T, int MODE> constexpr int kColBlocks =
 #ifndef DFGNN_SCALAR_BLOCKS
 #define DFGNN_SCALAR_BLOCKS 4
 #endif
-constexpr int kMaxChunks = 2;  // feature chunks per lane per tile (registers)
-// Chunks per lane for a vector width: at most 8 fp32 registers per tile, so
-// 16-byte fp16/bf16 vectors (8 elements) take one chunk, float4 two.
-template <int VEC> constexpr int kChunks = VEC >= 8 ? 1 : kMaxChunks;
-__host__ __device__ constexpr int chunks_for(int vec) { return vec >= 8 ? 1 : kMaxChunks; }
 
 // ------------------------------------------------------------------ numerics
 template <typename T> __device__ __forceinline__ float to_f(T x) { return static_cast<float>(x); }
@@ -169,28 +209,28 @@ template <> struct RawVec<8> { using type = uint2; };
 template <> struct RawVec<16> { using type = uint4; };
 
 template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T* __restrict__ p, float (&v)[VEC]) {
-  if constexpr (VEC == 1) {
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, float (&v)[kW<VEC>]) {
+  if constexpr (kW<VEC> == 1) {
     v[0] = to_f(p[0]);
   } else {
-    using R = typename RawVec<sizeof(T) * VEC>::type;
+    using R = typename RawVec<sizeof(T) * kW<VEC>>::type;
     R raw = __ldg(reinterpret_cast<const R*>(p));
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = to_f(e[k]);
+    for (int k = 0; k < kW<VEC>; ++k) v[k] = to_f(e[k]);
   }
 }
 
 template <typename T, int VEC>
-__device__ __forceinline__ void store_vec(T* __restrict__ p, const float (&v)[VEC]) {
-  if constexpr (VEC == 1) {
+__device__ __forceinline__ void store_vec(T* __restrict__ p, const float (&v)[kW<VEC>]) {
+  if constexpr (kW<VEC> == 1) {
     p[0] = from_f<T>(v[0]);
   } else {
-    using R = typename RawVec<sizeof(T) * VEC>::type;
+    using R = typename RawVec<sizeof(T) * kW<VEC>>::type;
     R raw;
     T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) e[k] = from_f<T>(v[k]);
+    for (int k = 0; k < kW<VEC>; ++k) e[k] = from_f<T>(v[k]);
     *reinterpret_cast<R*>(p) = raw;
   }
 }
@@ -335,7 +375,7 @@ struct Feat {
       : f0(f0_), hi(f0_ + tile), wide(tile < F) {
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c) {
-      const int64_t x = f0 + (int64_t)c * g.G * VEC + (int64_t)g.lg * VEC;
+      const int64_t x = f0 + (int64_t)c * g.G * kW<VEC> + (int64_t)g.lg * kW<VEC>;
       f[c] = (x < F && x < hi) ? x : -1;
     }
   }
@@ -343,42 +383,42 @@ struct Feat {
 
 template <typename T, int VEC>
 __device__ __forceinline__ void load_tile(const Feat<VEC>& ft, const T* __restrict__ row,
-                                          float (&x)[kChunks<VEC>][VEC]) {
+                                          float (&x)[kChunks<VEC>][kW<VEC>]) {
 #pragma unroll
   for (int c = 0; c < kChunks<VEC>; ++c) {
     if (ft.f[c] >= 0) load_vec<T, VEC>(row + ft.f[c], x[c]);
     else {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) x[c][k] = 0.f;
+      for (int k = 0; k < kW<VEC>; ++k) x[c][k] = 0.f;
     }
   }
 }
 
 template <typename T, int VEC>
 __device__ __forceinline__ void add_tile(const Feat<VEC>& ft, const T* __restrict__ row,
-                                         float (&x)[kChunks<VEC>][VEC]) {
-  float y[kChunks<VEC>][VEC];
+                                         float (&x)[kChunks<VEC>][kW<VEC>]) {
+  float y[kChunks<VEC>][kW<VEC>];
   load_tile<T, VEC>(ft, row, y);
 #pragma unroll
   for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) x[c][k] += y[c][k];
+    for (int k = 0; k < kW<VEC>; ++k) x[c][k] += y[c][k];
 }
 
 template <typename T, int VEC>
 __device__ __forceinline__ void store_tile(const Feat<VEC>& ft, T* __restrict__ row,
-                                           const float (&x)[kChunks<VEC>][VEC]) {
+                                           const float (&x)[kChunks<VEC>][kW<VEC>]) {
 #pragma unroll
   for (int c = 0; c < kChunks<VEC>; ++c)
     if (ft.f[c] >= 0) store_vec<T, VEC>(row + ft.f[c], x[c]);
 }
 
 template <int VEC>
-__device__ __forceinline__ void zero_tile(float (&x)[kChunks<VEC>][VEC]) {
+__device__ __forceinline__ void zero_tile(float (&x)[kChunks<VEC>][kW<VEC>]) {
 #pragma unroll
   for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) x[c][k] = 0.f;
+    for (int k = 0; k < kW<VEC>; ++k) x[c][k] = 0.f;
 }
 
 // Lane partial of a pair term over one (row, source, head):
@@ -390,25 +430,25 @@ __device__ __forceinline__ float pair_part(const Group& g, const T* x, const T* 
                                            const T* w, int64_t F, int64_t lo, int64_t hi,
                                            float slope) {
   float part = 0.f;
-  for (int64_t f = (int64_t)g.lg * VEC; f < F; f += (int64_t)g.G * VEC) {
+  for (int64_t f = (int64_t)g.lg * kW<VEC>; f < F; f += (int64_t)g.G * kW<VEC>) {
     if (f >= lo && f < hi) continue;
-    float a[VEC], b[VEC];
+    float a[kW<VEC>], b[kW<VEC>];
     load_vec<T, VEC>(x + f, a);
     load_vec<T, VEC>(y + f, b);
     if (e) {
-      float c[VEC];
+      float c[kW<VEC>];
       load_vec<T, VEC>(e + f, c);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) b[k] += c[k];
+      for (int k = 0; k < kW<VEC>; ++k) b[k] += c[k];
     }
     if constexpr (LEAKY) {
-      float ww[VEC];
+      float ww[kW<VEC>];
       load_vec<T, VEC>(w + f, ww);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) part += ww[k] * leaky(a[k] + b[k], slope);
+      for (int k = 0; k < kW<VEC>; ++k) part += ww[k] * leaky(a[k] + b[k], slope);
     } else {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) part += a[k] * b[k];
+      for (int k = 0; k < kW<VEC>; ++k) part += a[k] * b[k];
     }
   }
   return part;
@@ -416,13 +456,13 @@ __device__ __forceinline__ float pair_part(const Group& g, const T* x, const T* 
 
 // Lane partial of <x, y> over the register tiles.
 template <int VEC>
-__device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
-                                          const float (&y)[kChunks<VEC>][VEC]) {
+__device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][kW<VEC>],
+                                          const float (&y)[kChunks<VEC>][kW<VEC>]) {
   float s = 0.f;
 #pragma unroll
   for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) s += x[c][k] * y[c][k];
+    for (int k = 0; k < kW<VEC>; ++k) s += x[c][k] * y[c][k];
   return s;
 }
 
@@ -435,7 +475,7 @@ __device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
 // as fp32 ones while moving half the bytes.
 template <typename T, int VEC>
 struct Packed {
-  using R = typename RawVec<sizeof(T) * VEC>::type;
+  using R = typename RawVec<sizeof(T) * kW<VEC>>::type;
   R r[kChunks<VEC>];
   __device__ __forceinline__ float at(int c, int k) const {
     return to_f(reinterpret_cast<const T*>(&r[c])[k]);
@@ -461,22 +501,22 @@ __device__ __forceinline__ void zero_packed(Packed<T, VEC>& x) {
 
 // The fp32 tile of a packed one.
 template <typename T, int VEC>
-__device__ __forceinline__ void unpack(const Packed<T, VEC>& x, float (&y)[kChunks<VEC>][VEC]) {
+__device__ __forceinline__ void unpack(const Packed<T, VEC>& x, float (&y)[kChunks<VEC>][kW<VEC>]) {
 #pragma unroll
   for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) y[c][k] = x.at(c, k);
+    for (int k = 0; k < kW<VEC>; ++k) y[c][k] = x.at(c, k);
 }
 
 // Lane partial of <x, y> with y packed.
 template <typename T, int VEC>
-__device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][VEC],
+__device__ __forceinline__ float tile_dot(const float (&x)[kChunks<VEC>][kW<VEC>],
                                           const Packed<T, VEC>& y) {
   float s = 0.f;
 #pragma unroll
   for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) s += x[c][k] * y.at(c, k);
+    for (int k = 0; k < kW<VEC>; ++k) s += x[c][k] * y.at(c, k);
   return s;
 }
 
@@ -542,7 +582,7 @@ template <int KIND, bool RECOMPUTE, typename T> constexpr int kColBatch =
 // past the batch's end).
 template <typename T, typename I, int VEC>
 __device__ __forceinline__ void edge_tile(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
-                                          int64_t eo, bool ok, float (&x)[kChunks<VEC>][VEC]) {
+                                          int64_t eo, bool ok, float (&x)[kChunks<VEC>][kW<VEC>]) {
   if (p.edge && ok) load_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, x);
   else zero_tile<VEC>(x);
 }
@@ -550,8 +590,8 @@ __device__ __forceinline__ void edge_tile(const Params<T, I>& p, const Feat<VEC>
 // Per (row, head) operands held in registers for the whole row.
 template <int KIND, int VEC>
 struct RowOps {
-  float xi[kChunks<VEC>][VEC];  // q_i (dot) or x_dst_i (GATv2)
-  float at[kChunks<VEC>][VEC];  // att (GATv2)
+  float xi[kChunks<VEC>][kW<VEC>];  // q_i (dot) or x_dst_i (GATv2)
+  float at[kChunks<VEC>][kW<VEC>];  // att (GATv2)
   float a_dst;                // a_dst_i (GAT)
 };
 
@@ -599,16 +639,16 @@ __device__ __forceinline__ float key_scale(const Params<T, I>& p, int64_t j, int
 // only for dot attention with edge features (e_ij added to keys and values).
 template <int KIND, typename T, typename I, int VEC>
 __device__ __forceinline__ float dot_row(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
-                                         int64_t eo, bool ok, const float (&x)[kChunks<VEC>][VEC],
+                                         int64_t eo, bool ok, const float (&x)[kChunks<VEC>][kW<VEC>],
                                          const Packed<T, VEC>& row) {
   if (dot_like(KIND) && p.edge && ok) {
-    float e[kChunks<VEC>][VEC];
+    float e[kChunks<VEC>][kW<VEC>];
     load_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, e);
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-      for (int q = 0; q < VEC; ++q) s += x[c][q] * (row.at(c, q) + e[c][q]);
+      for (int q = 0; q < kW<VEC>; ++q) s += x[c][q] * (row.at(c, q) + e[c][q]);
     return s;
   }
   return tile_dot<T, VEC>(x, row);
@@ -618,7 +658,7 @@ __device__ __forceinline__ float dot_row(const Params<T, I>& p, const Feat<VEC>&
 template <int KIND, typename T, typename I, int VEC>
 __device__ __forceinline__ void value_row(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
                                           int64_t eo, bool ok, const Packed<T, VEC>& row,
-                                          float (&v)[kChunks<VEC>][VEC]) {
+                                          float (&v)[kChunks<VEC>][kW<VEC>]) {
   unpack<T, VEC>(row, v);
   if (dot_like(KIND) && p.edge && ok) add_tile<T, VEC>(ft, p.edge + (eo * p.H + h) * p.F, v);
 }
@@ -682,12 +722,12 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
     } else if constexpr (dot_like(KIND)) {
       part[t] = dot_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], t < b.n, r.xi, b.key(t));
     } else {  // GATV2: the score operand is x_src_j (+ x_edge), the value x_src_j
-      float ev[kChunks<VEC>][VEC];
+      float ev[kChunks<VEC>][kW<VEC>];
       edge_tile<T, I, VEC>(p, ft, h, b.eo[t], t < b.n, ev);
 #pragma unroll
       for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-        for (int q = 0; q < VEC; ++q)
+        for (int q = 0; q < kW<VEC>; ++q)
           part[t] += r.at[c][q] * leaky(r.xi[c][q] + b.v[t].at(c, q) + ev[c][q], p.slope);
     }
     if (KIND != GAT && ft.wide && t < b.n) {
@@ -717,7 +757,7 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
 // dP of the batch (b.dP): <dO_i, v_j (+ e_ij for dot)> over all features.
 template <int KIND, typename T, typename I, int VEC>
 __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, const Feat<VEC>& ft,
-                                         int64_t h, const float (&dO)[kChunks<VEC>][VEC],
+                                         int64_t h, const float (&dO)[kChunks<VEC>][kW<VEC>],
                                          const T* dO_row, Batch<KIND, T, I, VEC>& b) {
   constexpr int B = Batch<KIND, T, I, VEC>::B;
 #pragma unroll
@@ -743,7 +783,7 @@ template <int KIND, typename T, typename I, int VEC>
 __device__ __forceinline__ void bwd_batch(const Params<T, I>& p, const Group& g,
                                           const Feat<VEC>& ft, const Item& it,
                                           const RowOps<KIND, VEC>& r,
-                                          const float (&dO)[kChunks<VEC>][VEC], const T* dO_row,
+                                          const float (&dO)[kChunks<VEC>][kW<VEC>], const T* dO_row,
                                           int64_t base, Batch<KIND, T, I, VEC>& b) {
   load_batch<KIND, T, I, VEC>(p, ft, it.h, base, it.end, p.edge != nullptr, b);
   batch_scores<KIND, T, I, VEC>(p, g, ft, it.row, it.h, r, b);
@@ -755,14 +795,14 @@ __device__ __forceinline__ void bwd_batch(const Params<T, I>& p, const Group& g,
 template <typename T, typename I, int VEC>
 __device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g, const Feat<VEC>& ft,
                                           const Item& it, float m, float l,
-                                          float (&acc)[kChunks<VEC>][VEC]) {
+                                          float (&acc)[kChunks<VEC>][kW<VEC>]) {
   const int64_t h = it.h, row = it.row, slot = it.slot;
   if (slot < 0) {
     const float inv = 1.f / (l + 1e-16f);
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[c][k] *= inv;
+      for (int k = 0; k < kW<VEC>; ++k) acc[c][k] *= inv;
     if (p.bias) add_tile<T, VEC>(ft, p.bias + h * p.F, acc);   // (a row without edges: b)
     if (p.out_F == p.F) {
       store_tile<T, VEC>(ft, p.out + (row * p.H + h) * p.F, acc);
@@ -772,7 +812,7 @@ __device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g,
       for (int c = 0; c < kChunks<VEC>; ++c) {
         if (ft.f[c] < 0) continue;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k)
+        for (int k = 0; k < kW<VEC>; ++k)
           if (ft.f[c] + k < p.out_F) o[ft.f[c] + k] = from_f<T>(acc[c][k]);
       }
     }
@@ -786,7 +826,7 @@ __device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g,
     for (int c = 0; c < kChunks<VEC>; ++c) {
       if (ft.f[c] < 0) continue;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) p.part_acc[(slot * p.H + h) * p.F + ft.f[c] + k] = acc[c][k];
+      for (int k = 0; k < kW<VEC>; ++k) p.part_acc[(slot * p.H + h) * p.F + ft.f[c] + k] = acc[c][k];
     }
     if (blockIdx.y == 0 && g.lg == 0) {
       p.part_m[slot * p.H + h] = m;
@@ -801,7 +841,7 @@ __device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g,
 template <int VEC>
 struct Softmax {
   float m = -INFINITY, l = 0.f;
-  float acc[kChunks<VEC>][VEC];
+  float acc[kChunks<VEC>][kW<VEC>];
   __device__ __forceinline__ Softmax() { zero_tile<VEC>(acc); }
   // New running max nm: rescale what was accumulated so far.
   __device__ __forceinline__ void rescale(float nm) {
@@ -810,14 +850,14 @@ struct Softmax {
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[c][k] *= corr;
+      for (int k = 0; k < kW<VEC>; ++k) acc[c][k] *= corr;
     m = nm;
   }
-  __device__ __forceinline__ void add(float w, const float (&v)[kChunks<VEC>][VEC]) {
+  __device__ __forceinline__ void add(float w, const float (&v)[kChunks<VEC>][kW<VEC>]) {
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[c][k] += w * v[c][k];
+      for (int k = 0; k < kW<VEC>; ++k) acc[c][k] += w * v[c][k];
   }
 };
 
@@ -850,7 +890,7 @@ __device__ __forceinline__ void fwd_lane_edges(const Params<T, I>& p, const Grou
 #pragma unroll 4
     for (int t = 0; t < cnt; ++t) {
       const int64_t jt = g.bcast(j, t);
-      float v[kChunks<VEC>][VEC];
+      float v[kChunks<VEC>][kW<VEC>];
       load_tile<T, VEC>(ft, p.val + (jt * p.H + h) * p.F, v);
       sm.add(g.bcast(w, t), v);
     }
@@ -878,7 +918,7 @@ __device__ __forceinline__ void fwd_group_edges(const Params<T, I>& p, const Gro
       const bool ok = t < b.n;
       const float pe = ok ? expf(b.s[t] - sm.m) : 0.f;
       sm.l += pe;
-      float v[kChunks<VEC>][VEC];
+      float v[kChunks<VEC>][kW<VEC>];
       value_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], ok, b.v[t], v);
       sm.add(pe * keep_factor(p.drop_p, p.seed, b.base + t, p.H, h), v);
     }
@@ -1004,7 +1044,7 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
   RowOps<KIND, VEC> r;
   load_row_ops<KIND, T, I, VEC>(p, ft, row, h, r);
   const T* dO_row = p.dout + (row * p.H + h) * F;
-  float dO[kChunks<VEC>][VEC];
+  float dO[kChunks<VEC>][kW<VEC>];
   load_tile<T, VEC>(ft, dO_row, dO);
   const float m = p.lse_in[row * p.H + h], logl = p.lse_l_in[row * p.H + h];
 
@@ -1015,7 +1055,7 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
   // second sweep over the row's edges and made bf16 backward slower than fp32.
   float delta;
   {
-    float o[kChunks<VEC>][VEC];
+    float o[kChunks<VEC>][kW<VEC>];
     const T* o_row = p.o + (row * p.H + h) * F;
     load_tile<T, VEC>(ft, o_row, o);
     float part = tile_dot<VEC>(dO, o);
@@ -1033,13 +1073,13 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
   // scores and dP), and ordinary rows take one sweep.  Split rows keep <dO, O>.
   constexpr float kRoundoff = sizeof(T) >= 4 ? 5.96e-8f : (sizeof(T) == 2 && std::is_same<T, c10::Half>::value ? 4.88e-4f : 3.91e-3f);
   float gacc = 0.f;
-  float acc[kChunks<VEC>][VEC], acc2[kChunks<VEC>][VEC];
+  float acc[kChunks<VEC>][kW<VEC>], acc2[kChunks<VEC>][kW<VEC>];
   for (int pass = 0; pass < 2; ++pass) {
   gacc = 0.f;
 #pragma unroll
   for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) acc[c][k] = acc2[c][k] = 0.f;
+    for (int k = 0; k < kW<VEC>; ++k) acc[c][k] = acc2[c][k] = 0.f;
   float delta_exact = 0.f, amax = 0.f, dmax = 0.f;
 
   using Bt = Batch<KIND, T, I, VEC>;
@@ -1076,7 +1116,7 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
       if constexpr (KIND == GAT) {
         gacc += gv - dS;  // sum_j dS_ij (LeakyReLU'(z_ij) - 1): see "Centred row sums"
       } else if constexpr (dot_like(KIND)) {
-        float kk[kChunks<VEC>][VEC];
+        float kk[kChunks<VEC>][kW<VEC>];
         value_row<KIND, T, I, VEC>(p, ft, h, b.eo[t], ok, b.key(t), kk);   // k_j (+ e_ij)
         // (AGNN: the key is c_j v_j)
         float gk = gv;
@@ -1084,22 +1124,22 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
 #pragma unroll
         for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) acc[c][k] += gk * kk[c][k];
+          for (int k = 0; k < kW<VEC>; ++k) acc[c][k] += gk * kk[c][k];
         if (p.d_edge && ok) {
-          float dv[kChunks<VEC>][VEC];
+          float dv[kChunks<VEC>][kW<VEC>];
 #pragma unroll
           for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) dv[c][k] = gv * r.xi[c][k] + pdv * dO[c][k];
+            for (int k = 0; k < kW<VEC>; ++k) dv[c][k] = gv * r.xi[c][k] + pdv * dO[c][k];
           store_tile<T, VEC>(ft, p.d_edge + ((int64_t)b.eo[t] * p.H + h) * F, dv);
         }
       } else {  // GATV2
-        float ev[kChunks<VEC>][VEC], dv[kChunks<VEC>][VEC];
+        float ev[kChunks<VEC>][kW<VEC>], dv[kChunks<VEC>][kW<VEC>];
         edge_tile<T, I, VEC>(p, ft, h, b.eo[t], ok, ev);
 #pragma unroll
         for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) {
+          for (int k = 0; k < kW<VEC>; ++k) {
             const float zz = r.xi[c][k] + b.v[t].at(c, k) + ev[c][k];
             dv[c][k] = gv * r.at[c][k] * dleaky(zz, p.slope);
             acc[c][k] += dv[c][k] - gv * r.at[c][k];  // centred: * (LeakyReLU' - 1)
@@ -1134,10 +1174,10 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
       const int64_t f = ft.f[c];
       if (f < 0) continue;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
+      for (int k = 0; k < kW<VEC>; ++k) {
         if (slot >= 0) p.part1[(slot * p.H + h) * F + f + k] = acc[c][k];
         if (KIND == GATV2)  // centred: - LeakyReLU(x_i) * sum_j dS_ij
-          datt[(c * VEC + k) * kThreads] += acc2[c][k] - leaky(r.xi[c][k], p.slope) * gacc;
+          datt[(c * kW<VEC> + k) * kThreads] += acc2[c][k] - leaky(r.xi[c][k], p.slope) * gacc;
       }
     }
   }
@@ -1156,10 +1196,10 @@ template <int KIND, typename T, typename I, int VEC, int BLOCKS>
 __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<T, I> p) {
   const Group g(p.G);
   if constexpr (KIND == GATV2) {
-    __shared__ float sums[kChunks<VEC> * VEC * kThreads];
+    __shared__ float sums[kChunks<VEC> * kW<VEC> * kThreads];
     float* datt = sums + threadIdx.x;
 #pragma unroll
-    for (int j = 0; j < kChunks<VEC> * VEC; ++j) datt[j * kThreads] = 0.f;
+    for (int j = 0; j < kChunks<VEC> * kW<VEC>; ++j) datt[j * kThreads] = 0.f;
     const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, p.F);
     const int64_t gid0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
     for (int64_t gid = gid0; gid < p.num_items * p.H; gid += (int64_t)gridDim.x * (kThreads / p.G)) {
@@ -1173,8 +1213,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
     for (int c = 0; c < kChunks<VEC>; ++c)
       if (ft.f[c] >= 0)
 #pragma unroll
-        for (int k = 0; k < VEC; ++k)
-          p.d_att_part[gid0 * p.F + ft.f[c] + k] = datt[(c * VEC + k) * kThreads];
+        for (int k = 0; k < kW<VEC>; ++k)
+          p.d_att_part[gid0 * p.F + ft.f[c] + k] = datt[(c * kW<VEC> + k) * kThreads];
   } else {
     Item it;
     if (!get_item(p, p.rowptr, it)) return;
@@ -1211,11 +1251,12 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
 // rows over all features: a launch column adds the features outside its tile
 // from memory (`wide`), as the row pass does.
 template <int KIND, typename T, typename I, int VEC, int MODE>
-__global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_kernel(const Params<T, I> p) {
+__global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_kernel(const Params<T, I> p) {
   constexpr bool RECOMPUTE = MODE != kColStored;   // alpha recomputed here
   constexpr bool EMIT = MODE == kColEmitDP;        // GAT: write alpha~ dP, leave g to the scalar passes
   static_assert(!EMIT || KIND == GAT, "emit-dP mode is GAT's");
-  constexpr int B = EMIT ? DFGNN_EMIT_BATCH : kColBatch<KIND, RECOMPUTE, T>;
+  constexpr int B = EMIT ? DFGNN_EMIT_BATCH
+                         : kWide<VEC> ? DFGNN_WIDE_COL_BATCH : kColBatch<KIND, RECOMPUTE, T>;
   constexpr int NC = kChunks<VEC>;
   const Group g(p.G);
   Item it;
@@ -1226,7 +1267,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
   const T* v_row = dot_like(KIND) ? p.val + src * p.ld_val + h * F : p.val + (src * H + h) * F;
   const T* k_row = dot_like(KIND) ? p.src + src * p.ld_src + h * F : p.src + (src * H + h) * F;
 
-  float vj[NC][VEC], kj[dot_like(KIND) ? NC : 1][VEC], at[KIND == GATV2 ? NC : 1][VEC];
+  float vj[NC][kW<VEC>], kj[dot_like(KIND) ? NC : 1][kW<VEC>], at[KIND == GATV2 ? NC : 1][kW<VEC>];
   // the own row's operands: what the recomputed scores / dP need, and GATv2's
   // z_ij in either mode
   if constexpr (RECOMPUTE || KIND == GATV2) load_tile<T, VEC>(ft, v_row, vj);
@@ -1240,7 +1281,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
   const bool need_cp = !RECOMPUTE || EMIT || p.edge != nullptr || p.drop_p > 0.f;
 
   float gacc = 0.f;
-  float dv[NC][VEC], dk[KIND == GAT ? 1 : NC][VEC];
+  float dv[NC][kW<VEC>], dk[KIND == GAT ? 1 : NC][kW<VEC>];
   zero_tile<VEC>(dv);
   if constexpr (KIND != GAT) zero_tile<VEC>(dk);
   for (int64_t base = it.begin; base < it.end; base += B) {
@@ -1313,14 +1354,14 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
       if constexpr (KIND == GAT) {
         if constexpr (RECOMPUTE) dp[t] = tile_dot<T, VEC>(vj, o[t]);
       } else if constexpr (RECOMPUTE) {
-        float ev[NC][VEC];
+        float ev[NC][kW<VEC>];
         edge_tile<T, I, VEC>(p, ft, h, eo[t], ok, ev);
         if constexpr (dot_like(KIND)) {
-          float kk[NC][VEC], vv[NC][VEC];
+          float kk[NC][kW<VEC>], vv[NC][kW<VEC>];
 #pragma unroll
           for (int c = 0; c < NC; ++c)
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) {
+            for (int q = 0; q < kW<VEC>; ++q) {
               kk[c][q] = p.edge ? kj[c][q] + ev[c][q] : kj[c][q];
               vv[c][q] = p.edge ? vj[c][q] + ev[c][q] : vj[c][q];
             }
@@ -1330,7 +1371,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
 #pragma unroll
           for (int c = 0; c < NC; ++c)
 #pragma unroll
-            for (int q = 0; q < VEC; ++q)
+            for (int q = 0; q < kW<VEC>; ++q)
               sp[t] += at[c][q] * leaky(x[t].at(c, q) + vj[c][q] + ev[c][q], p.slope);
           dp[t] = tile_dot<T, VEC>(vj, o[t]);
         }
@@ -1377,12 +1418,12 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
         pdv = alpha * kf;
       }
       gacc += gv;
-      float ev[KIND == GATV2 ? NC : 1][VEC];   // GATv2's z_ij needs e_ij again
+      float ev[KIND == GATV2 ? NC : 1][kW<VEC>];   // GATv2's z_ij needs e_ij again
       if constexpr (KIND == GATV2) edge_tile<T, I, VEC>(p, ft, h, eo[t], t < n, ev);
 #pragma unroll
       for (int c = 0; c < NC; ++c)
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
+        for (int k = 0; k < kW<VEC>; ++k) {
           dv[c][k] += pdv * o[t].at(c, k);
           if constexpr (dot_like(KIND)) dk[c][k] += gv * x[t].at(c, k);
           if constexpr (KIND == GATV2)
@@ -1403,7 +1444,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
     if (f < 0) continue;
     if constexpr (KIND == GATV2) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) dk[c][k] += dv[c][k];
+      for (int k = 0; k < kW<VEC>; ++k) dk[c][k] += dv[c][k];
     }
     T* vout = KIND == GATV2 ? p.d_src : p.d_val;
     const float* first = KIND == GATV2 ? dk[c] : dv[c];
@@ -1412,7 +1453,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE>) bwd_col_k
       if constexpr (dot_like(KIND)) store_vec<T, VEC>(p.d_src + (src * H + h) * F + f, dk[c]);
     } else {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
+      for (int k = 0; k < kW<VEC>; ++k) {
         p.part1[(slot * H + h) * F + f + k] = first[k];
         if constexpr (dot_like(KIND)) p.part2[(slot * H + h) * F + f + k] = dk[c][k];
       }

@@ -53,7 +53,7 @@ inline bool aligned16(const at::Tensor& t) {
 // per chunk, and 1-2 lane chunks measured slower on PATTERN (H100, 8 x 10).
 inline int choose_group(int forced, int64_t F, int vec, int kind) {
   if (forced > 0) return forced;
-  const int64_t per_lane = (int64_t)vec * chunks_for(vec);
+  const int64_t per_lane = (int64_t)width_of(vec) * chunks_for(vec);
   int64_t need = (F + per_lane - 1) / per_lane;
   int g = kind == GAT ? 4 : 1;
   while (g < 32 && g < need) g *= 2;
@@ -155,7 +155,7 @@ inline int64_t bwd_row_grid(Launch& l, int64_t H, int G) {
 
 inline Launch launch_shape(int64_t items, int64_t H, int64_t F, int G, int vec) {
   Launch l;
-  l.tile = (int64_t)G * vec * chunks_for(vec);
+  l.tile = (int64_t)G * width_of(vec) * chunks_for(vec);
   const int64_t tiles = std::max<int64_t>(1, (F + l.tile - 1) / l.tile);
   const int64_t groups_per_block = kThreads / G;
   const int64_t blocks = (items * H + groups_per_block - 1) / groups_per_block;
@@ -210,7 +210,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     p.part_l = p.part_m + sc.slots * p.H;
   }
   if (p.num_items > 0) {
-    with_blocks<kFwdBlocks<KIND, T>, kFwdBlocksSmall<KIND, T, VEC>>(
+    with_blocks<kFwdBlocksLarge<KIND, T, VEC>, kFwdBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
           fwd_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
         });
@@ -384,7 +384,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.d_att_part = att_part.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    with_blocks<kRowBlocks<KIND, T>, kRowBlocksSmall<KIND, T, VEC>>(
+    with_blocks<kRowBlocksLarge<KIND, T, VEC>, kRowBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
           bwd_row_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
         });
@@ -404,7 +404,14 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   // ---- column pass (source side, transposed CSR)
   p.work = iptr<I>(sc.t_work);
   p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
-  l = launch_shape(p.num_items, p.H, p.F, p.G, VEC);
+  // fp16 / bf16 wide tiles: the stored-mode column pass reads g and alpha~
+  // per edge, so it need not share the row pass's lane layout, and it runs on
+  // the default tile (with the wide one: 1.02-1.10x the time at 2 resident
+  // blocks, 480-580 B of spills at 3; H100, docs/KERNELS.md, session 22).  The
+  // recomputing pass keeps the row pass's layout (its Delta must match).
+  constexpr int VCOL = kWide<VEC> && sizeof(T) == 2 ? kW<VEC> : VEC;
+  if (VCOL != VEC && !recompute) p.G = choose_group(sc.group, p.F, VCOL, KIND);
+  l = launch_shape(p.num_items, p.H, p.F, p.G, recompute ? VEC : VCOL);
   p.tile = l.tile;
   at::Tensor cpart1, cpart2;
   if (sc.t_slots > 0) {
@@ -415,7 +422,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   }
   if (p.num_items > 0) {
     if (recompute) bwd_col_kernel<KIND, T, I, VEC, kColRecompute><<<l.grid, kThreads, 0, stream>>>(p);
-    else bwd_col_kernel<KIND, T, I, VEC, kColStored><<<l.grid, kThreads, 0, stream>>>(p);
+    else bwd_col_kernel<KIND, T, I, VCOL, kColStored><<<l.grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0) {
@@ -458,6 +465,16 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
       if (i64) Fn<KIND, T, int64_t, V>::run(gr, fa, args...);
       else Fn<KIND, T, int32_t, V>::run(gr, fa, args...);
     };
+    // a wide tile (kWideChunks) where one head needs 32 lanes of the default
+    // tile and 16 of the wide one (dot-like kinds: AGNN's single head)
+    constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
+    constexpr int64_t NARROW_HI = 16 * VMAX * chunks_for(VMAX), WIDE_HI = 16 * VMAX * kWideChunks<T>;
+    if constexpr (dot_like(KIND) && DFGNN_WIDE_TILES) {
+      if (F % VMAX == 0 && F > NARROW_HI && F <= WIDE_HI) {
+        by_index(std::integral_constant<int, WIDE>());
+        return;
+      }
+    }
     if (F % VMAX == 0) by_index(std::integral_constant<int, VMAX>());
     else if (F % (VMAX / 2) == 0) by_index(std::integral_constant<int, VMAX / 2>());
     else if constexpr (VMIN < VMAX / 2) by_index(std::integral_constant<int, VMIN>());

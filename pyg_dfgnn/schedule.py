@@ -50,6 +50,12 @@ SPLIT_FACTOR = 2
 CHUNKS = 2
 
 
+#: chunks per lane of the *wide tiles* of dot-like kinds (cuda/attention_kernels.cuh:
+#: kWideChunks), float4 and 8-element vectors: one head of width in (128, 192]
+#: (fp32) or (128, 256] (fp16 / bf16) runs on 16 lanes, not a warp
+WIDE_CHUNKS = (3, 2)
+
+
 def chunks_for(vec: int) -> int:
     return 1 if vec >= 8 else CHUNKS
 MIN_SPLIT = 256
@@ -170,6 +176,9 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     vmax, half = _vectors(dtype)
     fp = op_width(feat, dtype, kind)
     vec = vmax if fp % vmax == 0 else (half if fp % half == 0 else _vmin(dtype, kind))
+    if kind in (2, 3) and fp % vmax == 0 and \
+            16 * vmax * chunks_for(vmax) < fp <= 16 * vmax * WIDE_CHUNKS[vmax == 8]:
+        return 16   # a wide tile (cuda/attention_launch.cuh: dispatch)
     need = -(-fp // (vec * chunks_for(vec)))
     g = 4 if kind == 0 else 1   # GAT (kind 0) keeps >= 4 lanes
     while g < 32 and g < need:

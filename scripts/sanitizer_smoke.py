@@ -35,7 +35,7 @@ def smoke(kind, ei, size, heads, feat, dtype, plans=PLANS):
 torch.manual_seed(0)
 for name, kind in KINDS.items():
     for dtype in (torch.float32, torch.bfloat16):
-        for feat in (3, 10, 19, 64, 300):
+        for feat in (3, 10, 19, 64, 152, 300):   # (152: dot attention's wide tiles)
             ei = random_graph(60, 50, 300, super_node=(400, 2))
             ei = torch.cat([ei, torch.stack([torch.full((300,), 4), torch.randint(0, 50, (300,))])], 1)
             smoke(kind, ei, (60, 50), 2, feat, dtype)
@@ -78,15 +78,16 @@ for dtype in (torch.float32, torch.bfloat16):
                 out, _ = ops.dot_attention(g, q, k, v, None, None, 0.3)
                 torch.autograd.grad(out, (y,), torch.randn_like(out))
 # AGNN (ops.agnn_attention): keys that are the values (one gather per edge)
-# and the key scale, at aligned, unaligned and wide (> one tile) widths
-for dtype in (torch.float32, torch.bfloat16):
-    for feat in (7, 80, 152, 256, 300):
+# and the key scale, at aligned, unaligned and wide (> one tile) widths; 152,
+# 192 and 256 run the wide tiles (16 lanes; forced 8 lanes: several columns)
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for feat in (7, 80, 152, 192, 256, 300):
         ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
         g = get_graph(ei, (60, 60))
         x = torch.randn(60, feat, device="cuda", dtype=dtype, requires_grad=True)
         beta = torch.ones(1, device="cuda", dtype=dtype, requires_grad=True)
-        for split in (None, 64):
-            with schedule.override(split=split):
+        for split, group in ((None, None), (64, None), (64, 8)):
+            with schedule.override(split=split, group=group):
                 out, _ = ops.agnn_attention(g, x, beta, 0.3, True)
                 torch.autograd.grad(out, (x, beta), torch.randn_like(out))
 torch.cuda.synchronize()

@@ -131,5 +131,13 @@ def test_auto_group_and_split():
     assert schedule.auto_group(64, torch.bfloat16) == 8
     assert schedule.auto_group(10, torch.bfloat16) == 2     # padded to 12 = 3 x 4 bf16: 2 lanes x 2
     assert schedule.auto_group(10, torch.bfloat16, kind=0) == 4   # GAT: 5 bf16x2 -> 4 lanes, no copy
+    # wide tiles of dot-like kinds: one head in (128, 192] fp32 / (128, 256] bf16 on 16 lanes
+    assert schedule.auto_group(152, torch.float32, kind=3) == 16   # 38 float4 -> 16 lanes x 3
+    assert schedule.auto_group(192, torch.float32, kind=2) == 16
+    assert schedule.auto_group(196, torch.float32, kind=3) == 32   # past the wide tile
+    assert schedule.auto_group(152, torch.float32, kind=1) == 32   # GATv2: default tiles
+    assert schedule.auto_group(152, torch.bfloat16, kind=3) == 16  # 19 x 8 bf16 -> 16 lanes x 2
+    assert schedule.auto_group(256, torch.bfloat16, kind=3) == 16
+    assert schedule.auto_group(128, torch.float32, kind=3) == 16   # default tile, 16 lanes x 2
     s = schedule.auto_split(1_400_000, 4, 8, torch.device("cpu"))
     assert schedule.MIN_SPLIT <= s <= schedule.MAX_SPLIT and s & (s - 1) == 0

@@ -12,7 +12,8 @@ from test_cuda_kernels import check
 
 pytestmark = pytest.mark.cuda
 
-SHAPES = [(8, 8), (8, 10), (8, 19), (4, 16), (4, 64), (2, 128), (1, 64), (1, 256)]
+#: 1 x 152: dot attention's wide tiles (16 lanes x 3 float4 in fp32, 2 x 8 bf16)
+SHAPES = [(8, 8), (8, 10), (8, 19), (4, 16), (4, 64), (2, 128), (1, 64), (1, 152), (1, 256)]
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -9,6 +9,8 @@ FlashAttention rule: our error must be within a small multiple of the error of
 PyTorch's own composition at the same precision (gather, PyG's ``softmax``,
 scatter) plus a few unit roundoffs.
 """
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,8 +26,10 @@ CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 #: (heads, F): AGNN's single head at the widths of the bench shapes (4 x 64,
 #: 8 x 10, 8 x 19 as one head), multi-head keys, a width with no 16-byte
-#: vector and one wider than a launch column's tile (the `wide` path)
-SHAPES = [(1, 256), (1, 80), (1, 152), (4, 64), (8, 10), (8, 19), (3, 5), (2, 300)]
+#: vector and one wider than a launch column's tile (the `wide` path); single
+#: heads of 152 and 192 (fp32) and 152 and 256 (fp16 / bf16) run the wide
+#: tiles (16 lanes x 3 float4 / 2 x 8 halves: cuda/attention_kernels.cuh)
+SHAPES = [(1, 256), (1, 80), (1, 152), (1, 192), (4, 64), (8, 10), (8, 19), (3, 5), (2, 300)]
 
 
 def _unit(dtype):
@@ -103,6 +107,40 @@ def test_against_float64(device, dtype, heads, F, kv, split, mode):
     ours = [_rel(out, ref)] + [_rel(a, b) for a, b in zip(grads, ref_grads)]
     theirs = [_rel(base, ref)] + [_rel(a, b) for a, b in zip(base_grads, ref_grads)]
     _check_rule(ours, theirs, names, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("F,group", [(152, 4), (152, 8), (192, 32), (136, 16)])
+def test_wide_tiles_forced_groups(dtype, F, group):
+    """Wide tiles under a forced group: 4 and 8 lanes split a 152-wide head
+    into several launch columns (each adds the features outside its tile from
+    memory), 32 lanes leave some of a tile empty; AGNN's kernels (keys are the
+    values) against float64, split rows and both backward modes."""
+    n = 120
+    gen = torch.Generator().manual_seed(F + group)
+    ei = random_graph(n, n, 900, super_node=(300, 5), generator=gen).cuda()
+    q, x = torch.randn(2, n, 1, F, generator=gen, dtype=torch.float64).cuda()
+    c = torch.rand(n, 1, generator=gen, dtype=torch.float64).cuda() + 0.2
+    gout = torch.randn(n, 1, F, generator=gen, dtype=torch.float64).cuda()
+    g = get_graph(ei, (n, n))
+
+    def run(dt, mode=None):
+        ls = [t.to(dt).requires_grad_(True) for t in (q, x, c)]
+        ctx = fused.backward_mode(mode) if mode else contextlib.nullcontext()
+        with schedule.override(group=group if mode else None, split=16 if mode else None), ctx:
+            out, _ = ops.dot_attention(g, ls[0], ls[1], ls[1], scale=0.3, key_scale=ls[2])
+            grads = torch.autograd.grad(out, ls, gout.to(dt))
+        return [out] + list(grads)
+    ref = run(torch.float64)
+    base_l = [t.to(dtype).requires_grad_(True) for t in (q, x, c)]
+    base = _naive_dot(ei, n, base_l[0], base_l[1], base_l[1], base_l[2], 0.3)
+    theirs = [_rel(base, ref[0])] + [_rel(a, b) for a, b in zip(
+        torch.autograd.grad(base, base_l, gout.to(dtype)), ref[1:])]
+    for mode in ("store", "recompute"):
+        ours = [_rel(a, b) for a, b in zip(run(dtype, mode), ref)]
+        _check_rule(ours, theirs, ["out", "d_q", "d_kv", "d_c"], dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
