@@ -273,21 +273,13 @@ def test_agnn_prologue_node_gradients(num_dst):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max())
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,F,num_dst", [(700, 152, 700), (700, 256, 450), (33, 19, 20)])
-def test_agnn_prologue_kernel_against_float64(dtype, n, F, num_dst, monkeypatch):
-    """The CUDA prologue backward (``dfgnn_C::agnn_prologue_bwd``, one warp
-    per row, fp32 math rounded once) against float64 autograd of the plain
-    ops, on fresh random inputs with two rows below eps and every
-    combination of absent output gradients.  FlashAttention's rule: its
-    error is within 2x that of autograd running the same ops in ``dtype``
-    (plus a few units of ``dtype``'s rounding of the largest gradient, for
-    cells where ATen's own error happens to be tiny)."""
+@pytest.fixture
+def prologue_calls(monkeypatch):
+    """A list that gets an entry per call of the prologue kernel
+    (``dfgnn_C::agnn_prologue_bwd``) while the test runs."""
     real, used = fused._ext(), []
 
-    class Spy:   # the kernel, not the ATen fallback, computes "ours"
+    class Spy:
         def __getattr__(self, name):
             return getattr(real, name)
 
@@ -295,6 +287,22 @@ def test_agnn_prologue_kernel_against_float64(dtype, n, F, num_dst, monkeypatch)
             used.append(1)
             return real.agnn_prologue_bwd(*args)
     monkeypatch.setattr(fused, "_ext", lambda: Spy())
+    return used
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,F,num_dst", [(700, 152, 700), (700, 256, 450), (33, 19, 20)])
+def test_agnn_prologue_kernel_against_float64(dtype, n, F, num_dst, prologue_calls):
+    """The CUDA prologue backward (``dfgnn_C::agnn_prologue_bwd``, one warp
+    per row, fp32 math rounded once) against float64 autograd of the plain
+    ops, on fresh random inputs with two rows below eps and every
+    combination of absent output gradients.  FlashAttention's rule: its
+    error is within 2x that of autograd running the same ops in ``dtype``
+    (plus a few units of ``dtype``'s rounding of the largest gradient, for
+    cells where ATen's own error happens to be tiny)."""
+    used = prologue_calls   # the kernel, not the ATen fallback, computes "ours"
     gen = torch.Generator().manual_seed(n + F + num_dst)
     x64 = torch.randn(n, F, generator=gen, dtype=torch.float64) * 2
     x64[3] = 0.0        # rows below eps (the clamp's branch); eps is large enough that
@@ -343,20 +351,11 @@ def test_agnn_prologue_kernel_against_float64(dtype, n, F, num_dst, monkeypatch)
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_agnn_prologue_kernel_only_gets_what_it_takes(monkeypatch):
+def test_agnn_prologue_kernel_only_gets_what_it_takes(prologue_calls):
     """A contiguous x takes the kernel and a non-contiguous one the ATen ops
     (the op's own checks are never reached from the Function); both match
     autograd of the plain ops."""
-    real, used = fused._ext(), []
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def agnn_prologue_bwd(self, *args):
-            used.append(1)
-            return real.agnn_prologue_bwd(*args)
-    monkeypatch.setattr(fused, "_ext", lambda: Spy())
+    used = prologue_calls
     x = torch.randn(10, 8, device="cuda", requires_grad=True)
     beta = torch.tensor(0.9, device="cuda", requires_grad=True)
     q, c, _ = ops._agnn_prologue(x, beta, 10, 1e-12)          # autograd of the plain ops
