@@ -465,12 +465,12 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
       if (i64) Fn<KIND, T, int64_t, V>::run(gr, fa, args...);
       else Fn<KIND, T, int32_t, V>::run(gr, fa, args...);
     };
-    // a wide tile (kWideChunks) where one head needs 32 lanes of the default
-    // tile and 16 of the wide one (dot-like kinds: AGNN's single head)
+    // a wide tile (kWideChunks) where it covers a head with fewer lanes than
+    // the default tile (dot-like kinds: AGNN's single head of 80 or 152, the
+    // Transformer's heads of 20 = 19 padded)
     constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
-    constexpr int64_t NARROW_HI = 16 * VMAX * chunks_for(VMAX), WIDE_HI = 16 * VMAX * kWideChunks<T>;
     if constexpr (dot_like(KIND) && DFGNN_WIDE_TILES) {
-      if (F % VMAX == 0 && F > NARROW_HI && F <= WIDE_HI) {
+      if (F % VMAX == 0 && choose_group(0, F, WIDE, KIND) < choose_group(0, F, VMAX, KIND)) {
         by_index(std::integral_constant<int, WIDE>());
         return;
       }

@@ -51,8 +51,8 @@ CHUNKS = 2
 
 
 #: chunks per lane of the *wide tiles* of dot-like kinds (cuda/attention_kernels.cuh:
-#: kWideChunks), float4 and 8-element vectors: one head of width in (128, 192]
-#: (fp32) or (128, 256] (fp16 / bf16) runs on 16 lanes, not a warp
+#: kWideChunks), float4 and 8-element vectors: a head runs on them where they
+#: take fewer lanes than the default tile (152 fp32: 16 lanes, not a warp)
 WIDE_CHUNKS = (3, 2)
 
 
@@ -176,13 +176,15 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     vmax, half = _vectors(dtype)
     fp = op_width(feat, dtype, kind)
     vec = vmax if fp % vmax == 0 else (half if fp % half == 0 else _vmin(dtype, kind))
-    if kind in (2, 3) and fp % vmax == 0 and \
-            16 * vmax * chunks_for(vmax) < fp <= 16 * vmax * WIDE_CHUNKS[vmax == 8]:
-        return 16   # a wide tile (cuda/attention_launch.cuh: dispatch)
-    need = -(-fp // (vec * chunks_for(vec)))
-    g = 4 if kind == 0 else 1   # GAT (kind 0) keeps >= 4 lanes
-    while g < 32 and g < need:
-        g *= 2
+    def lanes(per_lane):
+        need = -(-fp // per_lane)
+        g = 4 if kind == 0 else 1   # GAT (kind 0) keeps >= 4 lanes
+        while g < 32 and g < need:
+            g *= 2
+        return g
+    g = lanes(vec * chunks_for(vec))
+    if kind in (2, 3) and fp % vmax == 0:   # a wide tile where it takes fewer lanes
+        g = min(g, lanes(vmax * WIDE_CHUNKS[vmax == 8]))   # (cuda/attention_launch.cuh: dispatch)
     return g
 
 

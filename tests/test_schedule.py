@@ -131,7 +131,13 @@ def test_auto_group_and_split():
     assert schedule.auto_group(64, torch.bfloat16) == 8
     assert schedule.auto_group(10, torch.bfloat16) == 2     # padded to 12 = 3 x 4 bf16: 2 lanes x 2
     assert schedule.auto_group(10, torch.bfloat16, kind=0) == 4   # GAT: 5 bf16x2 -> 4 lanes, no copy
-    # wide tiles of dot-like kinds: one head in (128, 192] fp32 / (128, 256] bf16 on 16 lanes
+    # wide tiles of dot-like kinds where they take fewer lanes: one head in (128, 192] fp32 /
+    # (128, 256] bf16 on 16 lanes, and narrower heads
+    assert schedule.auto_group(19, torch.float32, kind=2) == 2     # 20 = 5 float4 -> 2 lanes x 3
+    assert schedule.auto_group(80, torch.float32, kind=3) == 8     # 20 float4 -> 8 lanes x 3
+    assert schedule.auto_group(64, torch.float32, kind=2) == 8     # 16 float4: 8 lanes either way
+    assert schedule.auto_group(64, torch.bfloat16, kind=2) == 4    # 8 x 8 bf16 -> 4 lanes x 2
+    assert schedule.auto_group(10, torch.float32, kind=2) == 4     # float2: no wide tile
     assert schedule.auto_group(152, torch.float32, kind=3) == 16   # 38 float4 -> 16 lanes x 3
     assert schedule.auto_group(192, torch.float32, kind=2) == 16
     assert schedule.auto_group(196, torch.float32, kind=3) == 32   # past the wide tile
