@@ -66,13 +66,14 @@ __host__ __device__ constexpr int chunks_for(int vec) {
 }
 template <int VEC> constexpr int kW = width_of(VEC);
 template <int VEC> constexpr int kChunks = chunks_for(VEC);
-// Wide tiles (dot-like kinds, one head wider than a 16-lane default tile):
-// with the default chunks, a head of F in (128, 192] fp32 / (128, 256] fp16 /
-// bf16 features takes a whole warp of 32 lanes with 38 of 64 float4 slots
-// busy at F = 152 (AGNN at 8 x 19), and every edge pays 5-step butterflies
-// and per-edge index work for one row.  Three float4 chunks (fp32) or two
-// 8-element vectors (fp16 / bf16) per lane cover it with 16 lanes: two rows
-// per warp, 4-step butterflies (docs/KERNELS.md, session 22).
+// Wide tiles (dot-like kinds, wherever they cover a head with fewer lanes than
+// the default tile: attention_launch.cuh, dispatch): three float4 chunks
+// (fp32) or two 8-element vectors (fp16 / bf16) per lane.  With the default
+// chunks a head of F = 152 fp32 (AGNN at 8 x 19) takes a whole warp with 38 of
+// 64 float4 slots busy and 5-step butterflies per edge; the wide tile covers
+// it with 16 lanes (two rows per warp, 4-step butterflies).  Likewise 20 fp32
+// (a Transformer head of 19, padded) 4 -> 2 lanes, 80 fp32 (AGNN at 8 x 10)
+// 16 -> 8, 64 bf16 8 -> 4 (docs/KERNELS.md, session 22).
 template <typename T> constexpr int kWideChunks = sizeof(T) == 4 ? 3 : 2;
 #ifndef DFGNN_WIDE_TILES
 #define DFGNN_WIDE_TILES 1
