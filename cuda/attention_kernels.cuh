@@ -138,14 +138,17 @@ constexpr int blocks_for(bool is_half, int half_forced, int half_dflt, int force
 #ifndef DFGNN_AGNN_ROW_BLOCKS
 #define DFGNN_AGNN_ROW_BLOCKS 0
 #endif
-template <int KIND, typename T> constexpr int kFwdBlocks =
+// (wide tiles: DFGNN_WIDE_BLOCKS for every pass)
+template <int KIND, typename T, int VEC> constexpr int kFwdBlocks =
+    kWide<VEC> ? DFGNN_WIDE_BLOCKS :
     KIND == AGNN && DFGNN_AGNN_FWD_BLOCKS ? DFGNN_AGNN_FWD_BLOCKS :
     blocks_for(sizeof(T) == 2, DFGNN_HALF_FWD_BLOCKS, KIND == GATV2 ? 3 : 4, DFGNN_FWD_BLOCKS,
                KIND == GAT ? 4 : 3);
 // AGNN's fp32 row pass takes 3 blocks too (80 registers; 0-172 B of spills):
 // measured on an H100 (docs/KERNELS.md, session 18) at 1 x 80 fp32, row pass
 // 0.91-0.94x on the uniform and power-law 100k graphs and a PATTERN batch.
-template <int KIND, typename T> constexpr int kRowBlocks =
+template <int KIND, typename T, int VEC> constexpr int kRowBlocks =
+    kWide<VEC> ? DFGNN_WIDE_BLOCKS :
     KIND == AGNN && DFGNN_AGNN_ROW_BLOCKS ? DFGNN_AGNN_ROW_BLOCKS :
     blocks_for(sizeof(T) == 2, DFGNN_HALF_ROW_BLOCKS, KIND == GATV2 ? 2 : 3, DFGNN_ROW_BLOCKS,
                KIND == GAT || KIND == AGNN ? 3 : 2);
@@ -161,16 +164,9 @@ template <int KIND, typename T, int VEC> constexpr bool kNarrowFp32 =
     sizeof(T) == 4 && kW<VEC> == 2 && (KIND == DOT || KIND == GATV2);
 // ... and with L2-resident rows (the `small` launch variant)
 template <int KIND, typename T, int VEC> constexpr int kFwdBlocksSmall =
-    kWide<VEC> ? DFGNN_WIDE_BLOCKS :
-    kNarrowFp32<KIND, T, VEC> && !DFGNN_FWD_BLOCKS ? 4 : kFwdBlocks<KIND, T>;
+    kNarrowFp32<KIND, T, VEC> && !DFGNN_FWD_BLOCKS ? 4 : kFwdBlocks<KIND, T, VEC>;
 template <int KIND, typename T, int VEC> constexpr int kRowBlocksSmall =
-    kWide<VEC> ? DFGNN_WIDE_BLOCKS :
-    kNarrowFp32<KIND, T, VEC> && !DFGNN_ROW_BLOCKS ? 3 : kRowBlocks<KIND, T>;
-// ... and on other graphs (the default launch variant)
-template <int KIND, typename T, int VEC> constexpr int kFwdBlocksLarge =
-    kWide<VEC> ? DFGNN_WIDE_BLOCKS : kFwdBlocks<KIND, T>;
-template <int KIND, typename T, int VEC> constexpr int kRowBlocksLarge =
-    kWide<VEC> ? DFGNN_WIDE_BLOCKS : kRowBlocks<KIND, T>;
+    kNarrowFp32<KIND, T, VEC> && !DFGNN_ROW_BLOCKS ? 3 : kRowBlocks<KIND, T, VEC>;
 // Gathered feature bytes (source rows the kernels read per edge) up to which a
 // graph counts as L2-resident for the variants above: a third of the 50 MB L2
 // of an H100 / H200.  Measured at 9.7 MB (PATTERN x128, 8 x 10 fp32 keys and

@@ -210,7 +210,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     p.part_l = p.part_m + sc.slots * p.H;
   }
   if (p.num_items > 0) {
-    with_blocks<kFwdBlocksLarge<KIND, T, VEC>, kFwdBlocksSmall<KIND, T, VEC>>(
+    with_blocks<kFwdBlocks<KIND, T, VEC>, kFwdBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
           fwd_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
         });
@@ -384,7 +384,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.d_att_part = att_part.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    with_blocks<kRowBlocksLarge<KIND, T, VEC>, kRowBlocksSmall<KIND, T, VEC>>(
+    with_blocks<kRowBlocks<KIND, T, VEC>, kRowBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
           bwd_row_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
         });

@@ -48,8 +48,6 @@ SPLIT_FACTOR = 2
 #: feature vectors per lane (cuda/attention_kernels.cuh: chunks_for): two
 #: for scalars and float4, one for 8-element (fp16/bf16) vectors
 CHUNKS = 2
-
-
 #: chunks per lane of the *wide tiles* of dot-like kinds (cuda/attention_kernels.cuh:
 #: kWideChunks), float4 and 8-element vectors: a head runs on them where they
 #: take fewer lanes than the default tile (152 fp32: 16 lanes, not a warp)
@@ -58,6 +56,8 @@ WIDE_CHUNKS = (3, 2)
 
 def chunks_for(vec: int) -> int:
     return 1 if vec >= 8 else CHUNKS
+
+
 MIN_SPLIT = 256
 MAX_SPLIT = 8192
 #: automatic work-item order (:func:`auto_order`): descending degree for a CSR
@@ -176,6 +176,7 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     vmax, half = _vectors(dtype)
     fp = op_width(feat, dtype, kind)
     vec = vmax if fp % vmax == 0 else (half if fp % half == 0 else _vmin(dtype, kind))
+
     def lanes(per_lane):
         need = -(-fp // per_lane)
         g = 4 if kind == 0 else 1   # GAT (kind 0) keeps >= 4 lanes
