@@ -74,11 +74,25 @@ template <int VEC> constexpr int kChunks = chunks_for(VEC);
 // it with 16 lanes (two rows per warp, 4-step butterflies).  Likewise 20 fp32
 // (a Transformer head of 19, padded) 4 -> 2 lanes, 80 fp32 (AGNN at 8 x 10)
 // 16 -> 8, 64 bf16 8 -> 4 (docs/KERNELS.md, session 22).
-template <typename T> constexpr int kWideChunks = sizeof(T) == 4 ? 3 : 2;
+#ifndef DFGNN_HALF_WIDE_CHUNKS
+#define DFGNN_HALF_WIDE_CHUNKS 2
+#endif
+template <typename T> constexpr int kWideChunks = sizeof(T) == 4 ? 3 : DFGNN_HALF_WIDE_CHUNKS;
 #ifndef DFGNN_WIDE_TILES
 #define DFGNN_WIDE_TILES 1
 #endif
 template <int VEC> constexpr bool kWide = VEC >= 16;
+// Wide tiles on 8-byte vectors: a dot-like head whose width is a multiple of
+// 8 bytes but not of 16 (fp16 / bf16 heads of 20 or 12, the Transformer's 19
+// and 10 padded; fp32 heads of 10 given unpadded to the op) takes three 8-byte
+// chunks per lane where that needs fewer lanes than the default two: 20 halves
+// 4 -> 2 lanes, 12 halves 2 -> 1, 10 fp32 4 -> 2.  Its tiles hold the fp32
+// registers of a float4 wide tile (12 floats) and half its packed rows, so it
+// takes the wide tiles' resident blocks too.  DFGNN_WIDE8_TILES = 0 turns it off.
+#ifndef DFGNN_WIDE8_TILES
+#define DFGNN_WIDE8_TILES 1
+#endif
+constexpr int kWide8Chunks = 3;
 // A wide tile holds 1.5x (fp32) or 2x (fp16 / bf16) the registers of a default
 // one: at the default resident blocks ptxas spilled 190-330 B (fp32, forward
 // and row pass) and 260-580 B (fp16 / bf16), so every pass of a wide tile
@@ -160,8 +174,9 @@ template <int KIND, typename T, int VEC> constexpr int kRowBlocks =
 // 1.17-2.07x on the 100k-node graphs, whose gathered rows do not fit in L2.
 // So those take these counts only on graphs whose gathered rows are
 // L2-resident (kL2Bytes, chosen at launch: attention_launch.cuh).
+// (not the wide tiles on 8-byte vectors: DFGNN_WIDE_BLOCKS, as every wide tile)
 template <int KIND, typename T, int VEC> constexpr bool kNarrowFp32 =
-    sizeof(T) == 4 && kW<VEC> == 2 && (KIND == DOT || KIND == GATV2);
+    sizeof(T) == 4 && kW<VEC> == 2 && !kWide<VEC> && (KIND == DOT || KIND == GATV2);
 // ... and with L2-resident rows (the `small` launch variant)
 template <int KIND, typename T, int VEC> constexpr int kFwdBlocksSmall =
     kNarrowFp32<KIND, T, VEC> && !DFGNN_FWD_BLOCKS ? 4 : kFwdBlocks<KIND, T, VEC>;

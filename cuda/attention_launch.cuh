@@ -467,12 +467,21 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
     };
     // a wide tile (kWideChunks) where it covers a head with fewer lanes than
     // the default tile (dot-like kinds: AGNN's single head of 80 or 152, the
-    // Transformer's heads of 20 = 19 padded)
+    // Transformer's heads of 20 = 19 padded), and likewise on 8-byte vectors
+    // (kWide8Chunks: fp16 / bf16 heads of 20 or 12)
     constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
+    constexpr int WIDE8 = VMAX / 2 + 16 * kWide8Chunks;
     if constexpr (dot_like(KIND) && DFGNN_WIDE_TILES) {
       if (F % VMAX == 0 && choose_group(0, F, WIDE, KIND) < choose_group(0, F, VMAX, KIND)) {
         by_index(std::integral_constant<int, WIDE>());
         return;
+      }
+      if constexpr (DFGNN_WIDE8_TILES) {
+        if (F % VMAX != 0 && F % (VMAX / 2) == 0 &&
+            choose_group(0, F, WIDE8, KIND) < choose_group(0, F, VMAX / 2, KIND)) {
+          by_index(std::integral_constant<int, WIDE8>());
+          return;
+        }
       }
     }
     if (F % VMAX == 0) by_index(std::integral_constant<int, VMAX>());

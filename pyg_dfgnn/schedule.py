@@ -52,6 +52,9 @@ CHUNKS = 2
 #: kWideChunks), float4 and 8-element vectors: a head runs on them where they
 #: take fewer lanes than the default tile (152 fp32: 16 lanes, not a warp)
 WIDE_CHUNKS = (3, 2)
+#: chunks per lane of the wide tiles on 8-byte vectors (kWide8Chunks): a dot-like
+#: head that is a multiple of 8 bytes but not of 16 (bf16 heads of 20 or 12)
+WIDE8_CHUNKS = 3
 
 
 def chunks_for(vec: int) -> int:
@@ -184,8 +187,11 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
             g *= 2
         return g
     g = lanes(vec * chunks_for(vec))
-    if kind in (2, 3) and fp % vmax == 0:   # a wide tile where it takes fewer lanes
-        g = min(g, lanes(vmax * WIDE_CHUNKS[vmax == 8]))   # (cuda/attention_launch.cuh: dispatch)
+    if kind in (2, 3):   # a wide tile where it takes fewer lanes (cuda/attention_launch.cuh: dispatch)
+        if fp % vmax == 0:
+            g = min(g, lanes(vmax * WIDE_CHUNKS[vmax == 8]))
+        elif fp % half == 0:
+            g = min(g, lanes(half * WIDE8_CHUNKS))
     return g
 
 

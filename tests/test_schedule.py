@@ -137,7 +137,14 @@ def test_auto_group_and_split():
     assert schedule.auto_group(80, torch.float32, kind=3) == 8     # 20 float4 -> 8 lanes x 3
     assert schedule.auto_group(64, torch.float32, kind=2) == 8     # 16 float4: 8 lanes either way
     assert schedule.auto_group(64, torch.bfloat16, kind=2) == 4    # 8 x 8 bf16 -> 4 lanes x 2
-    assert schedule.auto_group(10, torch.float32, kind=2) == 4     # float2: no wide tile
+    # ... and on 8-byte vectors (three per lane): 10 fp32 = 5 float2, 19 bf16 padded to 20 =
+    # 5 x 4 bf16, 10 bf16 padded to 12
+    assert schedule.auto_group(10, torch.float32, kind=2) == 2     # 5 float2 -> 2 lanes x 3
+    assert schedule.auto_group(19, torch.bfloat16, kind=2) == 2    # 4 lanes x 2 -> 2 x 3
+    assert schedule.auto_group(19, torch.float16, kind=3) == 2
+    assert schedule.auto_group(10, torch.bfloat16, kind=2) == 1    # 2 lanes x 2 -> 1 x 3
+    assert schedule.auto_group(10, torch.bfloat16, kind=1) == 2    # GATv2: default tiles
+    assert schedule.auto_group(36, torch.bfloat16, kind=2) == 4    # 9 x 4 bf16: 8 lanes x 2 -> 4 x 3
     assert schedule.auto_group(152, torch.float32, kind=3) == 16   # 38 float4 -> 16 lanes x 3
     assert schedule.auto_group(192, torch.float32, kind=2) == 16
     assert schedule.auto_group(196, torch.float32, kind=3) == 32   # past the wide tile

@@ -28,7 +28,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 #: 8 x 10, 8 x 19 as one head), multi-head keys, a width with no 16-byte
 #: vector and one wider than a launch column's tile (the `wide` path); single
 #: heads of 152 and 192 (fp32) and 152 and 256 (fp16 / bf16) run the wide
-#: tiles (16 lanes x 3 float4 / 2 x 8 halves: cuda/attention_kernels.cuh)
+#: tiles (16 lanes x 3 float4 / 2 x 8 halves: cuda/attention_kernels.cuh), and
+#: 8 x 10 / 8 x 19 (12 and 20 halves after padding, 10 fp32) those on 8-byte
+#: vectors (three per lane)
 SHAPES = [(1, 256), (1, 80), (1, 152), (1, 192), (4, 64), (8, 10), (8, 19), (3, 5), (2, 300)]
 
 
@@ -112,12 +114,14 @@ def test_against_float64(device, dtype, heads, F, kv, split, mode):
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("F,group", [(152, 4), (152, 8), (192, 32), (136, 16)])
+@pytest.mark.parametrize("F,group", [(152, 4), (152, 8), (192, 32), (136, 16), (20, 1), (10, 1)])
 def test_wide_tiles_forced_groups(dtype, F, group):
     """Wide tiles under a forced group: 4 and 8 lanes split a 152-wide head
     into several launch columns (each adds the features outside its tile from
-    memory), 32 lanes leave some of a tile empty; AGNN's kernels (keys are the
-    values) against float64, split rows and both backward modes."""
+    memory), 32 lanes leave some of a tile empty; on 8-byte vectors (bf16 at
+    20, fp32 at 10: three per lane), one lane splits a head into two columns;
+    AGNN's kernels (keys are the values) against float64, split rows and both
+    backward modes."""
     n = 120
     gen = torch.Generator().manual_seed(F + group)
     ei = random_graph(n, n, 900, super_node=(300, 5), generator=gen).cuda()
