@@ -66,23 +66,22 @@ __host__ __device__ constexpr int chunks_for(int vec) {
 }
 template <int VEC> constexpr int kW = width_of(VEC);
 template <int VEC> constexpr int kChunks = chunks_for(VEC);
-// Wide tiles (dot-like kinds, wherever they cover a head with fewer lanes than
-// the default tile: attention_launch.cuh, dispatch): three float4 chunks
+// Wide tiles (dot-like kinds and GATv2, wherever they cover a head with fewer
+// lanes than the default tile: attention_launch.cuh, dispatch): three float4 chunks
 // (fp32) or two 8-element vectors (fp16 / bf16) per lane.  With the default
 // chunks a head of F = 152 fp32 (AGNN at 8 x 19) takes a whole warp with 38 of
 // 64 float4 slots busy and 5-step butterflies per edge; the wide tile covers
 // it with 16 lanes (two rows per warp, 4-step butterflies).  Likewise 20 fp32
 // (a Transformer head of 19, padded) 4 -> 2 lanes, 80 fp32 (AGNN at 8 x 10)
-// 16 -> 8, 64 bf16 8 -> 4 (docs/KERNELS.md, session 22).
-#ifndef DFGNN_HALF_WIDE_CHUNKS
-#define DFGNN_HALF_WIDE_CHUNKS 2
-#endif
-template <typename T> constexpr int kWideChunks = sizeof(T) == 4 ? 3 : DFGNN_HALF_WIDE_CHUNKS;
+// 16 -> 8, 64 bf16 8 -> 4 (docs/KERNELS.md, session 22).  GATv2 (session 23)
+// holds x_dst_i and att besides: its wide row pass spills 260-280 B in fp32
+// and still measured 0.68-0.76x the default tile's time at heads of 20.
+template <typename T> constexpr int kWideChunks = sizeof(T) == 4 ? 3 : 2;
 #ifndef DFGNN_WIDE_TILES
 #define DFGNN_WIDE_TILES 1
 #endif
 template <int VEC> constexpr bool kWide = VEC >= 16;
-// Wide tiles on 8-byte vectors: a dot-like head whose width is a multiple of
+// Wide tiles on 8-byte vectors: a dot-like or GATv2 head whose width is a multiple of
 // 8 bytes but not of 16 (fp16 / bf16 heads of 20 or 12, the Transformer's 19
 // and 10 padded; fp32 heads of 10 given unpadded to the op) takes three 8-byte
 // chunks per lane where that needs fewer lanes than the default two: 20 halves

@@ -441,6 +441,8 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   }
 }
 
+template <int KIND, typename T, typename I, int VEC> struct FwdFn;
+
 // dtype x index x vector-width dispatch.  The op registration pads feature
 // rows to a multiple of a 16- or 8-byte vector (4-byte for GAT in fp16 / bf16: a
 // width of 2 mod 4 such as 8 x 10 runs unpadded, no copies) and aligns them
@@ -466,15 +468,24 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
       else Fn<KIND, T, int32_t, V>::run(gr, fa, args...);
     };
     // a wide tile (kWideChunks) where it covers a head with fewer lanes than
-    // the default tile (dot-like kinds: AGNN's single head of 80 or 152, the
-    // Transformer's heads of 20 = 19 padded), and likewise on 8-byte vectors
-    // (kWide8Chunks: fp16 / bf16 heads of 20 or 12)
+    // the default tile (AGNN's single head of 80 or 152, the Transformer's
+    // heads of 20 = 19 padded), and likewise on 8-byte vectors (kWide8Chunks:
+    // fp16 / bf16 heads of 20 or 12, fp32 heads of 10).  Dot-like kinds in
+    // every pass; GATv2 too, except the backward of fp16 / bf16 heads on
+    // 16-byte vectors (4 x 64: its row pass spilled 550-670 B at 2 blocks and
+    // measured 0.98-1.09x the default tile's time on an H200, where its
+    // forward took 0.83-0.93x; docs/KERNELS.md, session 23)
+    constexpr bool kFwd = std::is_same<Fn<KIND, T, int32_t, 4>, FwdFn<KIND, T, int32_t, 4>>::value;
+    constexpr bool kWideKind = dot_like(KIND) || KIND == GATV2;
+    constexpr bool kWide16 = dot_like(KIND) || (KIND == GATV2 && (kFwd || sizeof(T) == 4));
     constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
     constexpr int WIDE8 = VMAX / 2 + 16 * kWide8Chunks;
-    if constexpr (dot_like(KIND) && DFGNN_WIDE_TILES) {
-      if (F % VMAX == 0 && choose_group(0, F, WIDE, KIND) < choose_group(0, F, VMAX, KIND)) {
-        by_index(std::integral_constant<int, WIDE>());
-        return;
+    if constexpr (kWideKind && DFGNN_WIDE_TILES) {
+      if constexpr (kWide16) {
+        if (F % VMAX == 0 && choose_group(0, F, WIDE, KIND) < choose_group(0, F, VMAX, KIND)) {
+          by_index(std::integral_constant<int, WIDE>());
+          return;
+        }
       }
       if constexpr (DFGNN_WIDE8_TILES) {
         if (F % VMAX != 0 && F % (VMAX / 2) == 0 &&

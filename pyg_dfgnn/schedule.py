@@ -48,7 +48,7 @@ SPLIT_FACTOR = 2
 #: feature vectors per lane (cuda/attention_kernels.cuh: chunks_for): two
 #: for scalars and float4, one for 8-element (fp16/bf16) vectors
 CHUNKS = 2
-#: chunks per lane of the *wide tiles* of dot-like kinds (cuda/attention_kernels.cuh:
+#: chunks per lane of the *wide tiles* of dot-like kinds and GATv2 (cuda/attention_kernels.cuh:
 #: kWideChunks), float4 and 8-element vectors: a head runs on them where they
 #: take fewer lanes than the default tile (152 fp32: 16 lanes, not a warp)
 WIDE_CHUNKS = (3, 2)
@@ -187,7 +187,10 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
             g *= 2
         return g
     g = lanes(vec * chunks_for(vec))
-    if kind in (2, 3):   # a wide tile where it takes fewer lanes (cuda/attention_launch.cuh: dispatch)
+    # a wide tile where it takes fewer lanes (cuda/attention_launch.cuh: dispatch;
+    # GATv2's fp16 / bf16 backward on 16-byte vectors keeps the default tile: the
+    # forward's group is mirrored)
+    if kind in (1, 2, 3):
         if fp % vmax == 0:
             g = min(g, lanes(vmax * WIDE_CHUNKS[vmax == 8]))
         elif fp % half == 0:

@@ -143,12 +143,14 @@ def test_auto_group_and_split():
     assert schedule.auto_group(19, torch.bfloat16, kind=2) == 2    # 4 lanes x 2 -> 2 x 3
     assert schedule.auto_group(19, torch.float16, kind=3) == 2
     assert schedule.auto_group(10, torch.bfloat16, kind=2) == 1    # 2 lanes x 2 -> 1 x 3
-    assert schedule.auto_group(10, torch.bfloat16, kind=1) == 2    # GATv2: default tiles
+    assert schedule.auto_group(10, torch.bfloat16, kind=1) == 1    # GATv2 too
+    assert schedule.auto_group(19, torch.float32, kind=1) == 2
     assert schedule.auto_group(36, torch.bfloat16, kind=2) == 4    # 9 x 4 bf16: 8 lanes x 2 -> 4 x 3
     assert schedule.auto_group(152, torch.float32, kind=3) == 16   # 38 float4 -> 16 lanes x 3
     assert schedule.auto_group(192, torch.float32, kind=2) == 16
     assert schedule.auto_group(196, torch.float32, kind=3) == 32   # past the wide tile
-    assert schedule.auto_group(152, torch.float32, kind=1) == 32   # GATv2: default tiles
+    assert schedule.auto_group(152, torch.float32, kind=1) == 16   # GATv2 too
+    assert schedule.auto_group(152, torch.float32, kind=0) == 32   # GAT: default tiles
     assert schedule.auto_group(152, torch.bfloat16, kind=3) == 16  # 19 x 8 bf16 -> 16 lanes x 2
     assert schedule.auto_group(256, torch.bfloat16, kind=3) == 16
     assert schedule.auto_group(128, torch.float32, kind=3) == 16   # default tile, 16 lanes x 2
