@@ -480,6 +480,22 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
     constexpr bool kWide16 = dot_like(KIND) || (KIND == GATV2 && (kFwd || sizeof(T) == 4));
     constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
     constexpr int WIDE8 = VMAX / 2 + 16 * kWide8Chunks;
+    // AGNN's fp16 / bf16 forward: three 16-byte chunks per lane where the
+    // two-chunk wide tile takes 16 lanes or more and this fewer (one head of
+    // 152: 16 -> 8 lanes; 0-32 B of spills at 2 blocks).  Measured on an H200
+    // (docs/KERNELS.md, session 23): forward kernel 0.59-0.65x at 152, but at
+    // 80 (8 -> 4 lanes) 0.60x / 1.10x / 0.92x on the uniform / power-law /
+    // PATTERN graphs, so not there.  Its backward passes spilled 400-1000 B
+    // with three chunks, and dot attention's and GATv2's forwards (which hold
+    // a key or x_dst_i tile besides) 150-380 B: those keep two.
+    constexpr int WIDE3 = VMAX + 16 * 3;
+    if constexpr (KIND == AGNN && DFGNN_WIDE_TILES && kFwd && sizeof(T) == 2) {
+      const int g2 = std::min(choose_group(0, F, WIDE, KIND), choose_group(0, F, VMAX, KIND));
+      if (F % VMAX == 0 && g2 >= 16 && choose_group(0, F, WIDE3, KIND) < g2) {
+        by_index(std::integral_constant<int, WIDE3>());
+        return;
+      }
+    }
     if constexpr (kWideKind && DFGNN_WIDE_TILES) {
       if constexpr (kWide16) {
         if (F % VMAX == 0 && choose_group(0, F, WIDE, KIND) < choose_group(0, F, VMAX, KIND)) {

@@ -151,7 +151,11 @@ def test_auto_group_and_split():
     assert schedule.auto_group(196, torch.float32, kind=3) == 32   # past the wide tile
     assert schedule.auto_group(152, torch.float32, kind=1) == 16   # GATv2 too
     assert schedule.auto_group(152, torch.float32, kind=0) == 32   # GAT: default tiles
-    assert schedule.auto_group(152, torch.bfloat16, kind=3) == 16  # 19 x 8 bf16 -> 16 lanes x 2
+    # AGNN's fp16 / bf16 forward takes three 16-byte chunks where two take 16 lanes or more
+    assert schedule.auto_group(152, torch.bfloat16, kind=3) == 8   # 19 x 8 bf16 -> 8 lanes x 3
+    assert schedule.auto_group(152, torch.bfloat16, kind=2) == 16  # (dot: 16 lanes x 2)
+    assert schedule.auto_group(80, torch.float16, kind=3) == 8     # (only from 16 lanes: 8 x 2)
+    assert schedule.auto_group(136, torch.float16, kind=3) == 8    # 17 x 8 -> 8 lanes x 3
     assert schedule.auto_group(256, torch.bfloat16, kind=3) == 16
     assert schedule.auto_group(128, torch.float32, kind=3) == 16   # default tile, 16 lanes x 2
     s = schedule.auto_split(1_400_000, 4, 8, torch.device("cpu"))
