@@ -480,19 +480,25 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
     constexpr bool kWide16 = dot_like(KIND) || (KIND == GATV2 && (kFwd || sizeof(T) == 4));
     constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
     constexpr int WIDE8 = VMAX / 2 + 16 * kWide8Chunks;
-    // AGNN's fp16 / bf16 forward: three 16-byte chunks per lane where the
-    // two-chunk wide tile takes 16 lanes or more and this fewer (one head of
-    // 152: 16 -> 8 lanes; 0-32 B of spills at 2 blocks).  Measured on an H200
-    // (docs/KERNELS.md, session 23): forward kernel 0.59-0.65x at 152, but at
-    // 80 (8 -> 4 lanes) 0.60x / 1.10x / 0.92x on the uniform / power-law /
-    // PATTERN graphs, so not there.  Its backward passes spilled 400-1000 B
-    // with three chunks, and dot attention's and GATv2's forwards (which hold
-    // a key or x_dst_i tile besides) 150-380 B: those keep two.
-    constexpr int WIDE3 = VMAX + 16 * 3;
-    if constexpr (KIND == AGNN && DFGNN_WIDE_TILES && kFwd && sizeof(T) == 2) {
+    // AGNN: more chunks per lane where the two- / three-chunk wide tile takes
+    // 16 lanes or more and this fewer: four float4 in fp32 (one head of 128
+    // or 256: 16 -> 8 / 32 -> 16 lanes), in every pass, so that the backward
+    // recomputes the forward's scores bit for bit (with the forward alone on
+    // them, the float64 tests' fp32 gradients at 256 came out at 5x PyTorch's
+    // error: the row pass's scores summed in another order than the lse);
+    // three 16-byte ones in fp16 / bf16, in the forward only (152: 16 -> 8
+    // lanes; their backward passes spilled 400-1000 B, and the different
+    // order is far below half-precision rounding).  Measured on an H200
+    // (docs/KERNELS.md, session 23): bf16 forward kernel 0.59-0.65x at 152,
+    // but at 80 (8 -> 4 lanes) 0.60x / 1.10x / 0.92x on the uniform /
+    // power-law / PATTERN graphs, so not below 16 lanes.  Dot attention's and
+    // GATv2's forwards (which hold a key or x_dst_i tile besides) spilled
+    // 150-380 B with three half-precision chunks: they keep the wide tile.
+    constexpr int WIDEF = VMAX + 16 * (sizeof(T) == 2 ? 3 : 4);
+    if constexpr (KIND == AGNN && DFGNN_WIDE_TILES && (kFwd || sizeof(T) == 4)) {
       const int g2 = std::min(choose_group(0, F, WIDE, KIND), choose_group(0, F, VMAX, KIND));
-      if (F % VMAX == 0 && g2 >= 16 && choose_group(0, F, WIDE3, KIND) < g2) {
-        by_index(std::integral_constant<int, WIDE3>());
+      if (F % VMAX == 0 && g2 >= 16 && choose_group(0, F, WIDEF, KIND) < g2) {
+        by_index(std::integral_constant<int, WIDEF>());
         return;
       }
     }

@@ -193,8 +193,8 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     if kind in (1, 2, 3):
         if fp % vmax == 0:
             g = min(g, lanes(vmax * WIDE_CHUNKS[vmax == 8]))
-            if kind == 3 and vmax == 8 and g >= 16:   # AGNN's fp16 / bf16 forward: three chunks
-                g = min(g, lanes(vmax * 3))
+            if kind == 3 and g >= 16:   # AGNN: 4 float4 (fp32), 3 x 16-byte (fp16 / bf16 forward)
+                g = min(g, lanes(vmax * (3 if vmax == 8 else 4)))
         elif fp % half == 0:
             g = min(g, lanes(half * WIDE8_CHUNKS))
     return g

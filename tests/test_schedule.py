@@ -148,15 +148,21 @@ def test_auto_group_and_split():
     assert schedule.auto_group(36, torch.bfloat16, kind=2) == 4    # 9 x 4 bf16: 8 lanes x 2 -> 4 x 3
     assert schedule.auto_group(152, torch.float32, kind=3) == 16   # 38 float4 -> 16 lanes x 3
     assert schedule.auto_group(192, torch.float32, kind=2) == 16
-    assert schedule.auto_group(196, torch.float32, kind=3) == 32   # past the wide tile
+    assert schedule.auto_group(196, torch.float32, kind=2) == 32   # past the wide tile
+    assert schedule.auto_group(196, torch.float32, kind=3) == 16   # (AGNN's forward: 4 float4)
     assert schedule.auto_group(152, torch.float32, kind=1) == 16   # GATv2 too
     assert schedule.auto_group(152, torch.float32, kind=0) == 32   # GAT: default tiles
-    # AGNN's fp16 / bf16 forward takes three 16-byte chunks where two take 16 lanes or more
+    # AGNN's forward takes three 16-byte chunks (fp16 / bf16) or four float4 where the wide
+    # tile takes 16 lanes or more
     assert schedule.auto_group(152, torch.bfloat16, kind=3) == 8   # 19 x 8 bf16 -> 8 lanes x 3
     assert schedule.auto_group(152, torch.bfloat16, kind=2) == 16  # (dot: 16 lanes x 2)
     assert schedule.auto_group(80, torch.float16, kind=3) == 8     # (only from 16 lanes: 8 x 2)
     assert schedule.auto_group(136, torch.float16, kind=3) == 8    # 17 x 8 -> 8 lanes x 3
     assert schedule.auto_group(256, torch.bfloat16, kind=3) == 16
-    assert schedule.auto_group(128, torch.float32, kind=3) == 16   # default tile, 16 lanes x 2
+    assert schedule.auto_group(256, torch.float32, kind=3) == 16   # 64 float4 -> 16 lanes x 4
+    assert schedule.auto_group(256, torch.float32, kind=2) == 32
+    assert schedule.auto_group(192, torch.float32, kind=3) == 16   # 16 lanes x 3 either way
+    assert schedule.auto_group(128, torch.float32, kind=2) == 16   # default tile, 16 lanes x 2
+    assert schedule.auto_group(128, torch.float32, kind=3) == 8    # AGNN's forward: 8 lanes x 4
     s = schedule.auto_split(1_400_000, 4, 8, torch.device("cpu"))
     assert schedule.MIN_SPLIT <= s <= schedule.MAX_SPLIT and s & (s - 1) == 0

@@ -114,12 +114,15 @@ def test_against_float64(device, dtype, heads, F, kv, split, mode):
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("F,group", [(152, 4), (152, 8), (192, 32), (136, 16), (20, 1), (10, 1)])
+@pytest.mark.parametrize("F,group", [(152, 4), (152, 8), (192, 32), (136, 16), (20, 1), (10, 1),
+                                     (256, 4)])
 def test_wide_tiles_forced_groups(dtype, F, group):
     """Wide tiles under a forced group: 4 and 8 lanes split a 152-wide head
     into several launch columns (each adds the features outside its tile from
     memory), 32 lanes leave some of a tile empty; on 8-byte vectors (bf16 at
     20, fp32 at 10: three per lane), one lane splits a head into two columns;
+    AGNN's forward at 256 (four float4 per lane in fp32) on four lanes splits
+    it into four;
     AGNN's kernels (keys are the values) against float64, split rows and both
     backward modes."""
     n = 120
