@@ -92,6 +92,11 @@ template <int VEC> constexpr bool kWide = VEC >= 16;
 #define DFGNN_WIDE8_TILES 1
 #endif
 constexpr int kWide8Chunks = 3;
+// AGNN's widest heads: where the wide tile still takes 16 lanes or more, four
+// float4 (fp32, every pass) or three 16-byte vectors (fp16 / bf16, forward
+// only) per lane if that takes fewer (attention_launch.cuh, dispatch;
+// docs/KERNELS.md, session 23).
+template <typename T> constexpr int kAgnnWideChunks = sizeof(T) == 4 ? 4 : 3;
 // A wide tile holds 1.5x (fp32) or 2x (fp16 / bf16) the registers of a default
 // one: at the default resident blocks ptxas spilled 190-330 B (fp32, forward
 // and row pass) and 260-580 B (fp16 / bf16), so every pass of a wide tile

@@ -441,8 +441,6 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   }
 }
 
-template <int KIND, typename T, typename I, int VEC> struct FwdFn;
-
 // dtype x index x vector-width dispatch.  The op registration pads feature
 // rows to a multiple of a 16- or 8-byte vector (4-byte for GAT in fp16 / bf16: a
 // width of 2 mod 4 such as 8 x 10 runs unpadded, no copies) and aligns them
@@ -467,51 +465,50 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
       if (i64) Fn<KIND, T, int64_t, V>::run(gr, fa, args...);
       else Fn<KIND, T, int32_t, V>::run(gr, fa, args...);
     };
-    // a wide tile (kWideChunks) where it covers a head with fewer lanes than
-    // the default tile (AGNN's single head of 80 or 152, the Transformer's
-    // heads of 20 = 19 padded), and likewise on 8-byte vectors (kWide8Chunks:
-    // fp16 / bf16 heads of 20 or 12, fp32 heads of 10).  Dot-like kinds in
+    // A wide tile where it covers a head with fewer lanes than the default
+    // tile: kWideChunks on 16-byte vectors (AGNN's single head of 80 or 152,
+    // the Transformer's heads of 20 = 19 padded), kWide8Chunks on 8-byte ones
+    // (fp16 / bf16 heads of 20 or 12, fp32 heads of 10).  Dot-like kinds in
     // every pass; GATv2 too, except the backward of fp16 / bf16 heads on
     // 16-byte vectors (4 x 64: its row pass spilled 550-670 B at 2 blocks and
     // measured 0.98-1.09x the default tile's time on an H200, where its
-    // forward took 0.83-0.93x; docs/KERNELS.md, session 23)
-    constexpr bool kFwd = std::is_same<Fn<KIND, T, int32_t, 4>, FwdFn<KIND, T, int32_t, 4>>::value;
-    constexpr bool kWideKind = dot_like(KIND) || KIND == GATV2;
-    constexpr bool kWide16 = dot_like(KIND) || (KIND == GATV2 && (kFwd || sizeof(T) == 4));
-    constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
-    constexpr int WIDE8 = VMAX / 2 + 16 * kWide8Chunks;
-    // AGNN: more chunks per lane where the two- / three-chunk wide tile takes
-    // 16 lanes or more and this fewer: four float4 in fp32 (one head of 128
-    // or 256: 16 -> 8 / 32 -> 16 lanes), in every pass, so that the backward
+    // forward took 0.83-0.93x; docs/KERNELS.md, session 23).
+    // AGNN's widest heads go further (kAgnnWideChunks) where the wide tile
+    // still takes 16 lanes or more: four float4 in fp32 (one head of 128 or
+    // 256: 16 -> 8 / 32 -> 16 lanes), in every pass, so that the backward
     // recomputes the forward's scores bit for bit (with the forward alone on
     // them, the float64 tests' fp32 gradients at 256 came out at 5x PyTorch's
     // error: the row pass's scores summed in another order than the lse);
     // three 16-byte ones in fp16 / bf16, in the forward only (152: 16 -> 8
     // lanes; their backward passes spilled 400-1000 B, and the different
-    // order is far below half-precision rounding).  Measured on an H200
-    // (docs/KERNELS.md, session 23): bf16 forward kernel 0.59-0.65x at 152,
-    // but at 80 (8 -> 4 lanes) 0.60x / 1.10x / 0.92x on the uniform /
-    // power-law / PATTERN graphs, so not below 16 lanes.  Dot attention's and
-    // GATv2's forwards (which hold a key or x_dst_i tile besides) spilled
-    // 150-380 B with three half-precision chunks: they keep the wide tile.
-    constexpr int WIDEF = VMAX + 16 * (sizeof(T) == 2 ? 3 : 4);
-    if constexpr (KIND == AGNN && DFGNN_WIDE_TILES && (kFwd || sizeof(T) == 4)) {
-      const int g2 = std::min(choose_group(0, F, WIDE, KIND), choose_group(0, F, VMAX, KIND));
-      if (F % VMAX == 0 && g2 >= 16 && choose_group(0, F, WIDEF, KIND) < g2) {
-        by_index(std::integral_constant<int, WIDEF>());
-        return;
-      }
-    }
-    if constexpr (kWideKind && DFGNN_WIDE_TILES) {
-      if constexpr (kWide16) {
-        if (F % VMAX == 0 && choose_group(0, F, WIDE, KIND) < choose_group(0, F, VMAX, KIND)) {
-          by_index(std::integral_constant<int, WIDE>());
-          return;
+    // order is far below half-precision rounding).  Measured on an H200: bf16
+    // forward kernel 0.59-0.65x at 152, but at 80 (8 -> 4 lanes) 0.60x /
+    // 1.10x / 0.92x on the uniform / power-law / PATTERN graphs, so not below
+    // 16 lanes.  Dot attention's and GATv2's forwards (which hold a key or
+    // x_dst_i tile besides) spilled 150-380 B with three half-precision
+    // chunks: they keep the wide tile.
+    constexpr bool kFwd = Fn<KIND, T, int32_t, VMAX>::kForward;
+    constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
+    constexpr int WIDE8 = VMAX / 2 + 16 * kWide8Chunks;
+    constexpr int WIDEST = VMAX + 16 * kAgnnWideChunks<T>;
+    auto lanes = [&](int vec) { return choose_group(0, F, vec, KIND); };
+    if constexpr (DFGNN_WIDE_TILES && (dot_like(KIND) || KIND == GATV2)) {
+      if (F % VMAX == 0) {
+        const int g = std::min(lanes(WIDE), lanes(VMAX));
+        if constexpr (KIND == AGNN && (kFwd || sizeof(T) == 4)) {
+          if (g >= 16 && lanes(WIDEST) < g) {
+            by_index(std::integral_constant<int, WIDEST>());
+            return;
+          }
         }
-      }
-      if constexpr (DFGNN_WIDE8_TILES) {
-        if (F % VMAX != 0 && F % (VMAX / 2) == 0 &&
-            choose_group(0, F, WIDE8, KIND) < choose_group(0, F, VMAX / 2, KIND)) {
+        if constexpr (KIND != GATV2 || kFwd || sizeof(T) == 4) {
+          if (lanes(WIDE) < lanes(VMAX)) {
+            by_index(std::integral_constant<int, WIDE>());
+            return;
+          }
+        }
+      } else if constexpr (DFGNN_WIDE8_TILES) {
+        if (F % (VMAX / 2) == 0 && lanes(WIDE8) < lanes(VMAX / 2)) {
           by_index(std::integral_constant<int, WIDE8>());
           return;
         }
@@ -530,11 +527,13 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
 }
 
 template <int KIND, typename T, typename I, int VEC> struct FwdFn {
+  static constexpr bool kForward = true;   // (dispatch: some tiles are forward-only)
   static void run(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& o) {
     fwd_impl<KIND, T, I, VEC>(gr, fa, sc, o);
   }
 };
 template <int KIND, typename T, typename I, int VEC> struct BwdFn {
+  static constexpr bool kForward = false;
   static void run(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const BwdIn& bi,
                   BwdOut& o) {
     bwd_impl<KIND, T, I, VEC>(gr, fa, sc, bi, o);

@@ -55,6 +55,9 @@ WIDE_CHUNKS = (3, 2)
 #: chunks per lane of the wide tiles on 8-byte vectors (kWide8Chunks): a dot-like
 #: head that is a multiple of 8 bytes but not of 16 (bf16 heads of 20 or 12)
 WIDE8_CHUNKS = 3
+#: AGNN's widest heads (kAgnnWideChunks), float4 and 8-element vectors: where the
+#: wide tile still takes 16 lanes or more (fp16 / bf16: the forward's group)
+AGNN_WIDE_CHUNKS = (4, 3)
 
 
 def chunks_for(vec: int) -> int:
@@ -193,8 +196,8 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     if kind in (1, 2, 3):
         if fp % vmax == 0:
             g = min(g, lanes(vmax * WIDE_CHUNKS[vmax == 8]))
-            if kind == 3 and g >= 16:   # AGNN: 4 float4 (fp32), 3 x 16-byte (fp16 / bf16 forward)
-                g = min(g, lanes(vmax * (3 if vmax == 8 else 4)))
+            if kind == 3 and g >= 16:
+                g = min(g, lanes(vmax * AGNN_WIDE_CHUNKS[vmax == 8]))
         elif fp % half == 0:
             g = min(g, lanes(half * WIDE8_CHUNKS))
     return g

@@ -35,7 +35,7 @@ def smoke(kind, ei, size, heads, feat, dtype, plans=PLANS):
 torch.manual_seed(0)
 for name, kind in KINDS.items():
     for dtype in (torch.float32, torch.bfloat16):
-        for feat in (3, 10, 19, 64, 152, 300):   # (152, and 10 / 19 on 8-byte vectors: dot attention's wide tiles)
+        for feat in (3, 10, 19, 64, 152, 300):   # (152, and 10 / 19 on 8-byte vectors: dot attention's and GATv2's wide tiles)
             ei = random_graph(60, 50, 300, super_node=(400, 2))
             ei = torch.cat([ei, torch.stack([torch.full((300,), 4), torch.randint(0, 50, (300,))])], 1)
             smoke(kind, ei, (60, 50), 2, feat, dtype)
