@@ -218,7 +218,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   }
   if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
     const int64_t R = sc.merge.size(0);
-    fwd_merge_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
+    fwd_merge_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
         sc.merge.data_ptr<I>(), R, p.H, p.F, p.out_F, p.part_acc, p.part_m, p.part_l, p.bias,
         p.out, p.lse, p.lse_l);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -261,7 +261,7 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (t_split && p.d_val) {
-    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), 128, 0, stream>>>(
+    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
         sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -286,12 +286,12 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
     const int64_t R = sc.merge.size(0);
     delta = at::empty({std::max<int64_t>(Nd, 1), H}, fo);
     p.delta = delta.data_ptr<float>();
-    merge_sum_kernel<float, I><<<(unsigned)(R * H), 128, 0, stream>>>(
+    merge_sum_kernel<float, I><<<(unsigned)(R * H), kMergeThreads, 0, stream>>>(
         sc.merge.data_ptr<I>(), R, H, 1, p.part2, p.delta);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     bwd_gat_row_kernel<T, I, 1><<<rows_grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    merge_sum_kernel<T, I><<<(unsigned)(R * H), 128, 0, stream>>>(
+    merge_sum_kernel<T, I><<<(unsigned)(R * H), kMergeThreads, 0, stream>>>(
         sc.merge.data_ptr<I>(), R, H, 1, p.part1, p.d_dst);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -305,7 +305,7 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (t_split) {
-    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), 128, 0, stream>>>(
+    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
         sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, 1, p.part2, p.d_src);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -392,7 +392,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   }
   if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
     const int64_t R = sc.merge.size(0);
-    merge_sum_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
+    merge_sum_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
         sc.merge.data_ptr<I>(), R, p.H, featF, p.part1, p.d_dst);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -429,12 +429,12 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     const int64_t R = sc.t_merge.size(0);
     T* first = KIND == GATV2 ? p.d_src : p.d_val;
     if (first) {
-      merge_sum_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
+      merge_sum_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
           sc.t_merge.data_ptr<I>(), R, p.H, p.F, p.part1, first);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (KIND != GATV2) {
-      merge_sum_kernel<T, I><<<(unsigned)(R * p.H), 128, 0, stream>>>(
+      merge_sum_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
           sc.t_merge.data_ptr<I>(), R, p.H, featF, p.part2, p.d_src);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }

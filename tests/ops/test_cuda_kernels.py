@@ -101,6 +101,23 @@ def test_forced_schedules_agree(kind, group, split):
     check(kind, ei, 150, 150, 3, 24, torch.float32, edge=True, group=group, split=split)
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("feat,dtype", [(1, torch.float32), (19, torch.float32),
+                                        (300, torch.float32), (10, torch.bfloat16),
+                                        (64, torch.bfloat16)])
+def test_many_partials_per_split_row(kind, feat, dtype):
+    """A row of 9,000 edges and a column of 3,000 cut into segments of 8:
+    1,125 and 375 partial slots.  The forward's merge caches at most 1,024
+    slot weights in shared memory (the row takes its other path), every
+    merge walks hundreds of slots per feature, GAT's merges of scalars
+    included; 300 features: a merge block's threads take several each."""
+    gen = torch.Generator().manual_seed(feat)
+    ei = random_graph(200, 200, 1000, super_node=(9000, 5), generator=gen)
+    hub = torch.stack([torch.full((3000,), 7), torch.randint(0, 200, (3000,), generator=gen)])
+    ei = torch.cat([ei, hub], 1)
+    check(kind, ei, 200, 200, 2, feat, dtype, edge=True, seed=feat, split=8)
+
+
 def _skewed_graph(n=400, seed=0):
     """Power-law-like in- and out-degrees: most rows hold 1-3 edges, a few
     hundreds (rows > MIN_SPLIT edges: skewed, so the automatic plan orders the
