@@ -54,6 +54,11 @@ void bwd_agnn(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, Bwd
 // pass (attention_agnn.cu; dfgnn_C::attention_bwd_folded); false (nothing
 // done) for layouts or dtypes it does not take
 bool agnn_fold_grads(const FeatArgs&, BwdOut&);
+// AGNN's prologue (ops._agnn_prologue): (q [num_dst, 1, F], c [N, 1], n [N, 1])
+// from x [N, F] and the one-element beta (attention_agnn.cu; dfgnn_C::agnn_prologue)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_prologue(const at::Tensor& x,
+                                                             const at::Tensor& beta,
+                                                             int64_t num_dst, double eps);
 // AGNN's prologue backward (ops._AGNNPrologue): (dx, c_r s_r) from x [N, F]
 // and the gradients of q [num_dst, 1, F], c [N, 1] and the keys [N, 1, F]
 // (attention_agnn.cu; dfgnn_C::agnn_prologue_bwd)

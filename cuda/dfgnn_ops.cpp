@@ -336,6 +336,7 @@ TORCH_LIBRARY(dfgnn_C, m) {
   m.def("gat_logits(Tensor x, Tensor att_src, Tensor att_dst) -> (Tensor, Tensor)");
   m.def("gat_logits_bwd(Tensor x, Tensor att_src, Tensor att_dst, Tensor d_src, "
         "Tensor d_dst, Tensor(a!) d_x) -> (Tensor, Tensor)");
+  m.def("agnn_prologue(Tensor x, Tensor beta, int num_dst, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("agnn_prologue_bwd(Tensor x, Tensor? dq, Tensor? dc, Tensor? dk, Tensor c, Tensor n, "
         "Tensor beta, float eps) -> (Tensor, Tensor)");
   m.def("stack_pad_heads(Tensor[] ws, Tensor[] bs, int heads, int chans, int width) "
@@ -350,6 +351,7 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("attention_bwd_folded", &dfgnn::attention_bwd_folded);
   m.impl("gat_logits", &dfgnn::gat_logits);
   m.impl("gat_logits_bwd", &dfgnn::gat_logits_bwd);
+  m.impl("agnn_prologue", &dfgnn::agnn_prologue);
   m.impl("agnn_prologue_bwd", &dfgnn::agnn_prologue_bwd);
   m.impl("stack_pad_heads", &dfgnn::stack_pad_heads);
 }

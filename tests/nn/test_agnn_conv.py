@@ -59,14 +59,11 @@ def test_state_dict_round_trip():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("requires_grad", [True, False])
-def test_prologue_node_on_gpu_bound_calls(device, requires_grad, monkeypatch):
-    """GPU-bound CUDA calls run AGNN's prologue (norms, key scale, queries) as
-    one autograd node (ops._AGNNPrologue); every call size is made GPU-bound
-    here, so the small graph takes that path, and a row whose norm is below
-    ``eps`` (the clamp's branch) is included."""
-    from pyg_dfgnn.nn import _padded
+def test_prologue_node_on_cuda_calls(device, requires_grad, monkeypatch):
+    """CUDA calls with autograd run AGNN's prologue (norms, key scale,
+    queries) as one autograd node (ops._AGNNPrologue), small graphs included;
+    a row whose norm is below ``eps`` (the clamp's branch) is included."""
     from pyg_dfgnn import ops
-    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     used = []
     real = ops._AGNNPrologue.apply
     monkeypatch.setattr(ops._AGNNPrologue, "apply",

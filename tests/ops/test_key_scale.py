@@ -300,6 +300,51 @@ def prologue_calls(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,F,num_dst", [(700, 152, 700), (700, 256, 450), (33, 19, 20),
+                                         (65, 1, 65), (40, 300, 0)])
+def test_agnn_prologue_forward_kernel_against_float64(dtype, n, F, num_dst, monkeypatch):
+    """The CUDA prologue (``dfgnn_C::agnn_prologue``: norms, key scale and
+    queries in one pass, fp32 math rounded once), which eager calls without
+    autograd run, against float64 on fresh random inputs with rows below eps:
+    within 2x the error of ATen's ops in ``dtype`` (plus a few units of
+    ``dtype``'s rounding, for cells where ATen's own error happens to be 0)."""
+    real, used = fused._ext(), []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def agnn_prologue(self, *args):
+            used.append(1)
+            return real.agnn_prologue(*args)
+    gen = torch.Generator().manual_seed(n + F + num_dst)
+    x64 = torch.randn(n, F, generator=gen, dtype=torch.float64) * 2
+    x64[3] = 0.0
+    x64[4] *= 1e-3
+    beta64 = torch.tensor(-1.3, dtype=torch.float64)
+    eps = 0.05
+    x, beta = x64.to("cuda", dtype), beta64.to("cuda", dtype)
+    na = x.norm(p=2.0, dim=-1, keepdim=True)    # ATen's ops in dtype
+    ca = na.clamp_min(eps).reciprocal()
+    aten = ((x[:num_dst] * (ca[:num_dst] * beta)).unsqueeze(1), ca, na)
+    monkeypatch.setattr(fused, "_ext", lambda: Spy())
+    ours = ops._agnn_prologue(x, beta, num_dst, eps)
+    assert used == [1]
+    ref = ops._agnn_prologue(x64.cuda(), beta64.cuda(), num_dst, eps)
+    unit = torch.finfo(dtype).eps
+    for name, o, a, r in zip(("q", "c", "n"), ours, aten, ref):
+        assert o.shape == r.shape and o.dtype == dtype, name
+        if not r.numel():   # (no destination rows: no queries)
+            continue
+        scale = r.abs().max().clamp_min(1e-30)
+        err_o = ((o.double() - r).abs().max() / scale).item()
+        err_a = ((a.double() - r).abs().max() / scale).item()
+        assert err_o <= 2 * err_a + 4 * unit, (name, err_o, err_a)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,F,num_dst", [(700, 152, 700), (700, 256, 450), (33, 19, 20)])
 def test_agnn_prologue_kernel_against_float64(dtype, n, F, num_dst, prologue_calls):
     """The CUDA prologue backward (``dfgnn_C::agnn_prologue_bwd``, one warp
