@@ -65,8 +65,8 @@ bool agnn_fold_grads(const FeatArgs& f, BwdOut& o) {
 //   n_r = |x_r|,  c_r = 1 / max(n_r, eps),  q_r = beta c_r x_r  (rows r < num_dst)
 // in fp32, each output rounded once: one read of x and one write of q, where
 // ATen's norm, clamp, reciprocal and two products took 0.12 ms of an AGNN
-// forward at 1 x 256 fp32 on the uniform 100k graph (H200; the broadcast
-// product alone 0.08 ms).
+// forward at 1 x 256 fp32 on the uniform 100k graph (H200; its two
+// products 0.08 ms).
 template <typename T>
 __global__ void __launch_bounds__(256) agnn_prologue_kernel(
     T* __restrict__ q, T* __restrict__ c, T* __restrict__ n, const T* __restrict__ x,

@@ -963,15 +963,15 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_kernel(const Params<T, I
 // 466 merged rows of up to 235 slots at the 256-edge segment length, H200):
 // - the backward's sums (merge_sum_kernel): a thread per feature adds the
 //   row's slots in order; successive slots' loads are independent and
-//   pipeline (3-9 us per launch);
+//   pipeline (0.008-0.03 ms per backward);
 // - the forward's (m, l, acc) merge (fwd_merge_kernel): its weights
 //   exp(m_s - M) put an exp and a dependent load before every product, so
 //   the row's slots are spread over the warps (and over the lanes left over
 //   when the head is narrower than 32 features), kMergeUnroll slots in
 //   flight per lane, with shared-memory reductions: 0.02-0.06 ms instead of
 //   0.03-0.11 ms.  Each mapping measured worse at the other's job (the
-//   slot-parallel sums 2-4x slower, weights from shared memory on the
-//   per-feature loop 1.5-2x slower than the slot-parallel merge).
+//   slot-parallel sums 1.2-4x slower, weights from shared memory on the
+//   per-feature loop 1.3-1.6x slower than the slot-parallel merge).
 // 40 registers: 12 resident blocks (8 features and 4 slots in flight took
 // 56-72 registers and halved them).
 constexpr int kMergeThreads = 128;
