@@ -349,7 +349,7 @@ def _prologue_node(x: Tensor, beta: Tensor) -> bool:
     used to be limited to GPU-bound calls (on a host-bound PATTERN batch the
     Function's Python cost made the call 4-7 % slower, H100, session 18); with
     both kernels, forward+backward of AGNNConv at 1 x 80 on PATTERN x128
-    measured 0.72-0.73x the wall time of the six nodes (H200, session 24)."""
+    measured 0.69-0.73x the wall time of the six nodes (H200, session 24)."""
     return (x.is_cuda and torch.is_grad_enabled() and (x.requires_grad or beta.requires_grad)
             and not torch.compiler.is_compiling())
 

@@ -280,21 +280,26 @@ def test_agnn_prologue_node_gradients(num_dst):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max())
 
 
-@pytest.fixture
-def prologue_calls(monkeypatch):
-    """A list that gets an entry per call of the prologue kernel
-    (``dfgnn_C::agnn_prologue_bwd``) while the test runs."""
+def spy_ext(monkeypatch, op):
+    """A list that gets an entry per call of the extension op ``op``
+    (``dfgnn_C.<op>``, looked up through ``fused._ext``) while the test runs."""
     real, used = fused._ext(), []
 
     class Spy:
         def __getattr__(self, name):
-            return getattr(real, name)
-
-        def agnn_prologue_bwd(self, *args):
-            used.append(1)
-            return real.agnn_prologue_bwd(*args)
+            fn = getattr(real, name)
+            if name != op:
+                return fn
+            return lambda *args: used.append(1) or fn(*args)
     monkeypatch.setattr(fused, "_ext", lambda: Spy())
     return used
+
+
+@pytest.fixture
+def prologue_calls(monkeypatch):
+    """A list that gets an entry per call of the prologue's backward kernel
+    (``dfgnn_C::agnn_prologue_bwd``) while the test runs."""
+    return spy_ext(monkeypatch, "agnn_prologue_bwd")
 
 
 @pytest.mark.cuda
@@ -308,15 +313,6 @@ def test_agnn_prologue_forward_kernel_against_float64(dtype, n, F, num_dst, monk
     autograd run, against float64 on fresh random inputs with rows below eps:
     within 2x the error of ATen's ops in ``dtype`` (plus a few units of
     ``dtype``'s rounding, for cells where ATen's own error happens to be 0)."""
-    real, used = fused._ext(), []
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def agnn_prologue(self, *args):
-            used.append(1)
-            return real.agnn_prologue(*args)
     gen = torch.Generator().manual_seed(n + F + num_dst)
     x64 = torch.randn(n, F, generator=gen, dtype=torch.float64) * 2
     x64[3] = 0.0
@@ -327,7 +323,7 @@ def test_agnn_prologue_forward_kernel_against_float64(dtype, n, F, num_dst, monk
     na = x.norm(p=2.0, dim=-1, keepdim=True)    # ATen's ops in dtype
     ca = na.clamp_min(eps).reciprocal()
     aten = ((x[:num_dst] * (ca[:num_dst] * beta)).unsqueeze(1), ca, na)
-    monkeypatch.setattr(fused, "_ext", lambda: Spy())
+    used = spy_ext(monkeypatch, "agnn_prologue")
     ours = ops._agnn_prologue(x, beta, num_dst, eps)
     assert used == [1]
     ref = ops._agnn_prologue(x64.cuda(), beta64.cuda(), num_dst, eps)
