@@ -61,6 +61,15 @@ bool agnn_fold_grads(const FeatArgs& f, BwdOut& o) {
   return true;
 }
 
+// The x [N, F] both prologue ops take: contiguous CUDA fp32 / fp16 / bf16.
+static void check_prologue_x(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "pyg_dfgnn: ", op,
+              ": 'x' must be a contiguous [N, F] CUDA tensor");
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, "pyg_dfgnn: ", op,
+              ": 'x' must be float32, float16 or bfloat16, got ", dt);
+}
+
 // AGNN's prologue (ops._agnn_prologue), one warp per row of x [N, F]:
 //   n_r = |x_r|,  c_r = 1 / max(n_r, eps),  q_r = beta c_r x_r  (rows r < num_dst)
 // in fp32, each output rounded once: one read of x and one write of q, where
@@ -96,12 +105,9 @@ __global__ void __launch_bounds__(256) agnn_prologue_kernel(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_prologue(const at::Tensor& x,
                                                              const at::Tensor& beta,
                                                              int64_t num_dst, double eps) {
-  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(),
-              "pyg_dfgnn: agnn_prologue: 'x' must be a contiguous [N, F] CUDA tensor");
+  check_prologue_x(x, "agnn_prologue");
   const int64_t N = x.size(0), F = x.size(1);
   const auto dt = x.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
-              "pyg_dfgnn: agnn_prologue: 'x' must be float32, float16 or bfloat16, got ", dt);
   TORCH_CHECK(beta.device() == x.device() && beta.scalar_type() == dt && beta.numel() == 1,
               "pyg_dfgnn: agnn_prologue: 'beta' must be a one-element ", dt, " tensor on ",
               x.device());
@@ -167,12 +173,9 @@ std::tuple<at::Tensor, at::Tensor> agnn_prologue_bwd(const at::Tensor& x,
                                                      const c10::optional<at::Tensor>& dk,
                                                      const at::Tensor& c, const at::Tensor& n,
                                                      const at::Tensor& beta, double eps) {
-  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(),
-              "pyg_dfgnn: agnn_prologue_bwd: 'x' must be a contiguous [N, F] CUDA tensor");
+  check_prologue_x(x, "agnn_prologue_bwd");
   const int64_t N = x.size(0), F = x.size(1);
   const auto dt = x.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
-              "pyg_dfgnn: agnn_prologue_bwd: 'x' must be float32, float16 or bfloat16, got ", dt);
   auto same = [&](const at::Tensor& t, const char* name, int64_t rows, int64_t cols) {
     TORCH_CHECK(t.device() == x.device() && t.scalar_type() == dt && t.is_contiguous() &&
                     t.numel() == rows * cols && (t.dim() == 0 ? rows * cols == 1 : t.size(0) == rows),

@@ -93,8 +93,8 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         with torch.no_grad():   # (the prologue kernel: dfgnn_C::agnn_prologue)
             ops.agnn_attention(g, x, beta, 0.3, True)
 # merges of many partial slots (a row of 9,000 edges and a column of 3,000 in
-# segments of 8: 1,125 and 375 slots; the forward's merge caches 1,024 slot
-# weights, so the row takes its uncached path; 300 features: several per thread)
+# segments of 8: 1,125 and 375 slots, more than a merge block's 128 threads;
+# 300 features: several passes / several per thread)
 hub_ei = torch.cat([random_graph(200, 200, 1000, super_node=(9000, 5)),
                     torch.stack([torch.full((3000,), 7), torch.randint(0, 200, (3000,))])], 1)
 for name, kind in KINDS.items():

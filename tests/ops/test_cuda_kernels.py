@@ -107,10 +107,10 @@ def test_forced_schedules_agree(kind, group, split):
                                         (64, torch.bfloat16)])
 def test_many_partials_per_split_row(kind, feat, dtype):
     """A row of 9,000 edges and a column of 3,000 cut into segments of 8:
-    1,125 and 375 partial slots.  The forward's merge caches at most 1,024
-    slot weights in shared memory (the row takes its other path), every
-    merge walks hundreds of slots per feature, GAT's merges of scalars
-    included; 300 features: a merge block's threads take several each."""
+    1,125 and 375 partial slots: the forward's merge strides each lane over
+    hundreds of slots (more than its block's 128 threads take at once), the
+    backward's sums walk them per feature, GAT's merges of scalars included;
+    300 features: several passes / several features per thread."""
     gen = torch.Generator().manual_seed(feat)
     ei = random_graph(200, 200, 1000, super_node=(9000, 5), generator=gen)
     hub = torch.stack([torch.full((3000,), 7), torch.randint(0, 200, (3000,), generator=gen)])
