@@ -23,6 +23,10 @@ struct GraphArgs {
 
 struct FeatArgs {
   at::Tensor dst, src, val, edge, att;   // undefined when absent
+  // dot attention's residual [N_dst, H, F] added in the forward's epilogue
+  // (dfgnn_C::attention_fwd_residual; each head's F features contiguous, rows
+  // row-strided), or undefined
+  at::Tensor res;
   double scale = 1.0, slope = 0.2, drop_p = 0.0;
   int64_t seed = 0;
   bool need_alpha = false;

@@ -173,7 +173,9 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
   p.dst = cptr<T>(fa.dst); p.src = cptr<T>(fa.src);
   p.val = kind == GATV2 ? cptr<T>(fa.src) : cptr<T>(fa.val);
   p.edge = cptr<T>(fa.edge); p.att = cptr<T>(fa.att);
-  p.bias = kind == GAT ? p.att : nullptr;   // GAT's att: the output bias
+  // GAT's att: the output bias; dot attention: the residual rows, if any
+  p.bias = kind == GAT ? p.att : (kind == DOT ? cptr<T>(fa.res) : nullptr);
+  p.ld_bias = (kind == DOT && fa.res.defined()) ? fa.res.stride(0) : 0;
   const at::Tensor& v = kind == GATV2 ? fa.src : fa.val;
   p.H = v.size(1);
   p.F = v.size(2);
@@ -220,7 +222,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     const int64_t R = sc.merge.size(0);
     fwd_merge_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
         sc.merge.data_ptr<I>(), R, p.H, p.F, p.out_F, p.part_acc, p.part_m, p.part_l, p.bias,
-        p.out, p.lse, p.lse_l);
+        p.ld_bias, p.out, p.lse, p.lse_l);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (fa.need_alpha && p.num_items > 0 && gr.col.numel() > 0) {
@@ -456,7 +458,7 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
     constexpr int VMIN = (sizeof(T) == 2 && KIND == GAT) ? VMAX / 4 : VMAX / 2;
     const bool vec_tensors_ok =
         aligned16(fa.val) && (KIND == GAT || (aligned16(fa.dst) && aligned16(fa.src) &&
-                                              aligned16(fa.edge) &&
+                                              aligned16(fa.edge) && aligned16(fa.res) &&
                                               (dot_like(KIND) || aligned16(fa.att))));
     TORCH_CHECK(F % VMIN == 0 && vec_tensors_ok,
                 "pyg_dfgnn: internal error: feature rows not padded/aligned to a vector");

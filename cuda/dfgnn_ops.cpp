@@ -201,7 +201,28 @@ Sched sched_args(at::IntArrayRef sched, const optional<at::Tensor>& work,
   return s;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
+// Dot attention's residual r [N_dst, H, C] (C <= F) as the kernels read it:
+// rows of H heads of Fp features (the padded width), each head's features
+// contiguous, rows row-strided and 16-byte aligned.  A view with that layout
+// (the skip block of a Transformer layer's projection GEMM, sliced to C
+// columns) is read as it is, its columns C..Fp-1 too (they only meet output
+// columns that are not written) where they lie inside its storage; anything
+// else is copied (zero-padded to Fp).
+at::Tensor residual_rows(const at::Tensor& r, int64_t Fp) {
+  if (r.numel() == 0) return r;
+  const int64_t N = r.size(0), H = r.size(1), C = r.size(2), es = (int64_t)r.element_size();
+  const bool heads = r.stride(2) == 1 && (H <= 1 || r.stride(1) == Fp) &&
+                     (N <= 1 || r.stride(0) >= H * Fp);
+  const int64_t last = r.storage_offset() + (N - 1) * r.stride(0) + (H - 1) * Fp + Fp;
+  const bool inside = heads && last * es <= (int64_t)r.storage().nbytes();
+  const bool aligned = reinterpret_cast<uintptr_t>(r.data_ptr()) % 16 == 0 &&
+                       (N <= 1 || (r.stride(0) * es) % 16 == 0);
+  if (heads && inside && aligned) return r;
+  at::Tensor c = C != Fp ? at::constant_pad_nd(r, {0, Fp - C}) : r.contiguous();
+  return c.data_ptr() == r.data_ptr() ? c.clone() : c;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_impl(
     int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
     const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
     const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
@@ -209,17 +230,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
     const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
     bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor>& work,
     const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
-    const optional<at::Tensor>& t_merge) {
+    const optional<at::Tensor>& t_merge, const at::Tensor& residual) {
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, need_alpha);
   Sched s = sched_args(sched, work, merge, t_work, t_merge);
-  const int64_t out_F = (kind == 0 && f.att.defined()) ? f.att.size(1) : 0;
+  int64_t out_F = (kind == 0 && f.att.defined()) ? f.att.size(1) : 0;
   at::Tensor unscaled;
   const bool agnn = key_scale_route(kind, f, unscaled);
   const Layout lay = fit_features(kind, f);
   const at::Tensor& v = kind == 1 ? f.src : f.val;
   const int64_t Nd = rowptr.numel() - 1, H = v.size(1);
+  if (residual.defined()) {
+    // (pyg_dfgnn.ops.dot_attention validated it; these guard the kernels)
+    TORCH_CHECK(kind == 2 && !agnn, "pyg_dfgnn: a residual needs dot attention without a key scale");
+    TORCH_CHECK(residual.dim() == 3 && residual.size(0) == Nd && residual.size(1) == H &&
+                    residual.size(2) <= lay.F && residual.scalar_type() == v.scalar_type() &&
+                    residual.device() == v.device(),
+                "pyg_dfgnn: the residual must be [N_dst, H, C] with C <= F, in the features' "
+                "dtype and device");
+    out_F = residual.size(2);
+    f.res = residual_rows(residual, lay.Fp);
+  }
   FwdOut o;
   // written in the caller's width (the kernels skip the padding columns: no copy)
   o.out = at::empty({Nd, H, out_F > 0 ? out_F : lay.F}, v.options());
@@ -230,6 +262,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
   else if (agnn) fwd_agnn(g, f, s, o);
   else fwd_dot(g, f, s, o);
   return {o.out, o.lse, o.alpha};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
+    int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
+    const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
+    const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
+    const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
+    const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
+    bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor>& work,
+    const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
+    const optional<at::Tensor>& t_merge) {
+  return attention_fwd_impl(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val,
+                            edge, att, scale, slope, p, seed, need_alpha, sched, work, merge,
+                            t_work, t_merge, at::Tensor());
+}
+
+// attention_fwd plus dot attention's residual r [N_dst, H, C] (C <= F) added
+// in the epilogue: out = attention[..., :C] + r, written [N_dst, H, C] (a
+// Transformer layer's root weight x_i W_r without a pass of its own).  Forward
+// only (no autograd formula: pyg_dfgnn.ops.dot_attention calls it where no
+// gradient is recorded); the lse it returns is the attention's.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_residual(
+    int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
+    const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
+    const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
+    const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
+    const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
+    bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor>& work,
+    const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
+    const optional<at::Tensor>& t_merge, const at::Tensor& residual) {
+  return attention_fwd_impl(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val,
+                            edge, att, scale, slope, p, seed, need_alpha, sched, work, merge,
+                            t_work, t_merge, residual);
 }
 
 #define DFGNN_BWD_PARAMS                                                                  \
@@ -331,6 +396,7 @@ int64_t get_backward_mode() { return forced_backward_mode().load(); }
 
 TORCH_LIBRARY(dfgnn_C, m) {
   m.def(DFGNN_ATTENTION_FWD_SCHEMA);
+  m.def(DFGNN_ATTENTION_FWD_RESIDUAL_SCHEMA);
   m.def(DFGNN_ATTENTION_BWD_SCHEMA);
   m.def(DFGNN_ATTENTION_BWD_FOLDED_SCHEMA);
   m.def("gat_logits(Tensor x, Tensor att_src, Tensor att_dst) -> (Tensor, Tensor)");
@@ -347,6 +413,7 @@ TORCH_LIBRARY(dfgnn_C, m) {
 
 TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("attention_fwd", &dfgnn::attention_fwd);
+  m.impl("attention_fwd_residual", &dfgnn::attention_fwd_residual);
   m.impl("attention_bwd", &dfgnn::attention_bwd);
   m.impl("attention_bwd_folded", &dfgnn::attention_bwd_folded);
   m.impl("gat_logits", &dfgnn::gat_logits);

@@ -4,6 +4,7 @@
 #   tests    - the float64-reference kernel tests (every shape, fp32/bf16/fp16,
 #              edge features, dropout, split rows, both backward modes, fuzz,
 #              large logits)
+#   extra    - `pytest -m cuda $EXTRA_TESTS` (the tests of this session's change)
 #   cudaall  - the whole `pytest -m cuda tests`
 #   ab       - per-kernel GPU time of fused layers (scripts/kernel_ab.py) for
 #              base (_carry/base, if carried), this tree, and VARIANTS
@@ -14,6 +15,8 @@
 #              used it for bf16 GAT gradients against float64
 #   mem      - scripts/memory_layer.py $MEM_ARGS on this tree and on _carry/base
 #   bench    - the layer shape x dtype matrix (dfgnn bench, no training)
+#   benchab  - that matrix with $BENCH_ARGS (e.g. --layers transformer) for
+#              _carry/base and this tree, alternated twice (base, new, base, new)
 #   train    - dfgnn bench's training section alone (the shipped PATTERN paper
 #              configs in fp32 and bf16, fused vs PyG; --graphs cora, whose
 #              files are absent on the device, leaves the layer sections empty)
@@ -53,6 +56,12 @@ if has tests; then
     -p no:cacheprovider > "$OUT/pytest_kernels.log" 2>&1
   echo "kernel tests: $(tail -1 "$OUT/pytest_kernels.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_kernels.log" | head -8
+fi
+if has extra; then   # EXTRA_TESTS: test paths of this session's changes
+  timeout ${EXTRA_TIMEOUT:-300} python -m pytest -q -m cuda ${EXTRA_TESTS:-tests/ops} \
+    -p no:cacheprovider > "$OUT/pytest_extra.log" 2>&1
+  echo "extra tests: $(tail -1 "$OUT/pytest_extra.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_extra.log" | head -8
 fi
 if has cudaall; then
   timeout ${CUDAALL_TIMEOUT:-420} python -m pytest -q -m cuda tests -p no:cacheprovider \
@@ -108,6 +117,24 @@ if has bench; then
     --no-train --no-compile --no-plots --contenders fused,pyg \
     --graphs uniform_100k,powerlaw_100k,pattern_128 > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; tail -12 "$OUT/bench.log"
+fi
+if has benchab; then   # the layer matrix (BENCH_ARGS) for _carry/base and this tree, alternated
+  for round in 1 2; do
+    for tree in base new; do
+      if [ $tree = base ]; then
+        [ -d _carry/base ] || continue
+        (cd _carry/base && PYTHONPATH=$ROOT/_carry/base PYG_DFGNN_CACHE=/tmp/dfgnn_base \
+          timeout ${BENCH_TIMEOUT:-300} python -m pyg_dfgnn bench $ROOT/configs/bench_default.yaml \
+          --out "$OUT/bench_${tree}_$round" --no-train --no-compile --no-plots \
+          --contenders fused,pyg ${BENCH_ARGS:-}) > "$OUT/bench_${tree}_$round.log" 2>&1
+      else
+        timeout ${BENCH_TIMEOUT:-300} python -m pyg_dfgnn bench configs/bench_default.yaml \
+          --out "$OUT/bench_${tree}_$round" --no-train --no-compile --no-plots \
+          --contenders fused,pyg ${BENCH_ARGS:-} > "$OUT/bench_${tree}_$round.log" 2>&1
+      fi
+      echo "bench $tree round $round rc=$?"
+    done
+  done
 fi
 if has train; then
   timeout ${TRAIN_TIMEOUT:-400} python -m pyg_dfgnn bench configs/bench_default.yaml --graphs cora \

@@ -73,10 +73,18 @@ for dtype in (torch.float32, torch.bfloat16):
         y = torch.randn(60, 3 * heads * feat + 8, device="cuda", dtype=dtype, requires_grad=True)
         q, k, v = (y[:, i * heads * feat:(i + 1) * heads * feat].view(60, heads, feat)
                    for i in range(3))
+        # the residual added in the epilogue (dfgnn_C::attention_fwd_residual): a
+        # column block read as it is (full and sliced width) and an unaligned copy
+        r = torch.randn(60, 4 * heads * feat, device="cuda", dtype=dtype)
+        r = r[:, 3 * heads * feat:].view(60, heads, feat)
+        ru = torch.randn(60 * heads * feat + 1, device="cuda", dtype=dtype)[1:]
         for split in (None, 64):
             with schedule.override(split=split):
                 out, _ = ops.dot_attention(g, q, k, v, None, None, 0.3)
                 torch.autograd.grad(out, (y,), torch.randn_like(out))
+                with torch.no_grad():
+                    for res in (r, r[..., :feat - 1], ru.view(60, heads, feat)):
+                        ops.dot_attention(g, q, k, v, None, None, 0.3, residual=res)
 # AGNN (ops.agnn_attention): keys that are the values (one gather per edge)
 # and the key scale, at aligned, unaligned and wide (> one tile) widths; 152,
 # 192 and 256 run the wide tiles (16 lanes; forced 8 lanes: several columns)

@@ -142,14 +142,15 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
             if edge is None:
                 return None
         q, k, v, edge = common_dtype(q, k, v, edge)
-        out, _ = dot_attention(adj.graph, q, k, v, edge, 1.0 / math.sqrt(C),
-                               self._fused_dropout, False)
-        out = unpad(out, C)   # [N, H, C] view of the padded result
         if skip is None and self.concat and self.root_weight and lin_beta is None:
             skip = apply_linear(self.lin_skip, xs[1]).view(-1, H, C)
+        # the skip connection as the op's residual: added in the kernel's
+        # epilogue where no gradient is recorded, else slice + add in one pass
+        out, _ = dot_attention(adj.graph, q, k, v, edge, 1.0 / math.sqrt(C),
+                               self._fused_dropout, False, residual=skip)
         if skip is not None:
-            # slice + skip connection in one pass
-            return (out + skip).view(-1, H * C)
+            return out.view(-1, H * C)
+        out = unpad(out, C)   # [N, H, C] view of the padded result
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
             x_r = apply_linear(self.lin_skip, xs[1])

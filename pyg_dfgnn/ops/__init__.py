@@ -36,7 +36,8 @@ _ROWS = {"src": ("num_src", "source nodes", "source node"),
 #: other dimension symbols, bound by the first argument that has them
 _DIMS = {"H": ("heads", "num_heads"), "F": ("features", "features"),
          "Fv": ("value features", "value_features"), "C": ("bias features", "out_features"),
-         "Cb": ("bias features", "out_features")}
+         "Cb": ("bias features", "out_features"),
+         "Cr": ("residual features", "out_features")}
 
 
 def _layout(dims) -> str:
@@ -150,9 +151,23 @@ def _rows(t: Optional[Tensor]) -> Optional[Tensor]:
 
 def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
          value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor], scale: float,
-         negative_slope: float, dropout: float, return_alpha: bool
-         ) -> Tuple[Tensor, Optional[Tensor]]:
+         negative_slope: float, dropout: float, return_alpha: bool,
+         residual: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     seed = _seed(dropout, graph.device)
+    if residual is not None:
+        if _fold_residual(graph, residual, dst_feat, src_feat, value, edge):
+            # (dot attention on an eager CUDA call without autograd: the kernel adds it)
+            plan = fused.plan_of(graph, kind, src_feat, value)
+            src_r = _rows(src_feat)
+            out, _lse, alpha = fused.attention_residual_on(
+                kind, graph, plan, _rows(dst_feat), src_r,
+                src_r if value is src_feat else _rows(value), _dense(edge), residual,
+                float(scale), float(negative_slope), float(dropout), seed, bool(return_alpha))
+            return out, (alpha if return_alpha else None)
+        out, alpha = _run(kind, graph, dst_feat, src_feat, value, edge, att, scale,
+                          negative_slope, dropout, return_alpha)
+        C = residual.size(-1)
+        return (out if out.size(-1) == C else out[..., :C]) + residual, alpha
     floats = (float(scale), float(negative_slope), float(dropout))
     if isinstance(graph, GraphRef):  # torch.compile: the op converts edge_index itself
         if return_alpha:
@@ -278,10 +293,25 @@ def gatv2_attention(graph: CSRGraph, x_src: Tensor, x_dst: Tensor, att: Tensor,
                 return_alpha)
 
 
+def _fold_residual(graph, residual: Tensor, *feats: Optional[Tensor]) -> bool:
+    """Whether dot attention's ``residual`` is added in the CUDA kernels'
+    epilogue (``dfgnn_C::attention_fwd_residual``): an eager CUDA call on a
+    :class:`CSRGraph` in fp32 / fp16 / bf16, with the residual in the
+    features' dtype, and no gradient to record (the op has no backward: with
+    autograd the sum is ``out + residual``, one pass more)."""
+    v = feats[2] if feats[2] is not None else feats[1]
+    if not (isinstance(graph, CSRGraph) and residual.is_cuda and residual.dtype == v.dtype
+            and v.dtype != torch.float64 and not torch.compiler.is_compiling()):
+        return False
+    return not (torch.is_grad_enabled() and (residual.requires_grad or any(
+        t is not None and t.requires_grad for t in feats)))
+
+
 def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                   edge: Optional[Tensor] = None, scale: Optional[float] = None,
                   dropout: float = 0.0, return_alpha: bool = False,
-                  key_scale: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                  key_scale: Optional[Tensor] = None,
+                  residual: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     r"""Graph Transformer: :math:`o_i = \sum_j \mathrm{softmax}_j(\mathrm{scale}\,
     \langle q_i, k_j + e_{ij}\rangle)\,(v_j + e_{ij})`.
 
@@ -298,14 +328,32 @@ def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     gather each source row once per edge instead of twice: AGNN's cosine
     scores are ``q = beta * x_norm``, ``k = v = x``, ``c = 1 / |x|``
     (:func:`agnn_attention`).
+
+    ``residual [N_dst, H, C]`` (optional, ``C <= F_v``, not with
+    ``key_scale``) is added to the output, which then has its ``C``
+    features per head: :math:`o_i[:, :C] + r_i` (a Transformer layer's root
+    weight :math:`x_i W_r`, or the real columns of values projected into a
+    padded width).  On eager CUDA calls without autograd the kernel adds it
+    in its epilogue (no pass over the output of its own); a row-strided
+    ``residual`` whose heads lie ``F_v`` apart (a column block of a padded
+    projection GEMM's output, sliced to ``C``) is read as it is.
     """
     sizes = _check_inputs(graph, ("q", q, ("dst", "H", "F")), ("k", k, ("src", "H", "F")),
                           ("v", v, ("src", "H", "Fv")), ("edge", edge, ("E", "H", "F")),
                           ("key_scale", key_scale, ("src", "H")),
-                          optional=("edge", "key_scale"))
+                          ("residual", residual, ("dst", "H", "Cr")),
+                          optional=("edge", "key_scale", "residual"),
+                          same_dtype=("q", "k", "v", "edge", "key_scale"))
     if key_scale is not None and edge is not None:
         raise ValueError("'key_scale' cannot be combined with 'edge' (edge features are "
                          "added to the keys; scale them yourself)")
+    if residual is not None:
+        if key_scale is not None:
+            raise ValueError("'residual' cannot be combined with 'key_scale'")
+        if residual.size(2) > v.size(2):
+            raise ValueError(f"'residual' has {residual.size(2)} features per head but 'v' "
+                             f"has {v.size(2)}: it may be narrower (the output keeps its "
+                             f"width), not wider")
     Fd = sizes["F"]
     if edge is not None and v.size(2) != Fd:
         raise ValueError("'edge' is added to keys and values, so 'v' must have the "
@@ -313,7 +361,8 @@ def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     if scale is None:
         scale = 1.0 / math.sqrt(Fd) if Fd > 0 else 1.0
     scale = _check_float("scale", scale)
-    return _run(DOT, graph, q, k, v, edge, key_scale, scale, 0.2, dropout, return_alpha)
+    return _run(DOT, graph, q, k, v, edge, key_scale, scale, 0.2, dropout, return_alpha,
+                residual)
 
 
 _PROLOGUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

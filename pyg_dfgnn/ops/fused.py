@@ -457,6 +457,22 @@ def attention_on(kind: int, graph, plan, dst_feat: Tensor, src_feat: Tensor,
                          plan.t_work, plan.t_merge)
 
 
+def attention_residual_on(kind: int, graph, plan, dst_feat: Tensor, src_feat: Tensor,
+                          value: Optional[Tensor], edge: Optional[Tensor], residual: Tensor,
+                          scale: float, negative_slope: float, dropout_p: float,
+                          seed: Optional[Tensor], need_alpha: bool
+                          ) -> Tuple[Tensor, Tensor, Tensor]:
+    """Dot attention's forward with ``residual [N_dst, H, C]`` added in the
+    kernels' epilogue (``dfgnn_C::attention_fwd_residual``): ``(out [N_dst,
+    H, C], lse, alpha)``.  Eager CUDA calls without autograd only (the op
+    has no backward; :func:`pyg_dfgnn.ops.dot_attention` decides)."""
+    g = graph
+    return tuple(_ext().attention_fwd_residual(
+        kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst_feat, src_feat,
+        value, edge, None, scale, negative_slope, dropout_p, _seed_int(seed), need_alpha,
+        plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge, residual))
+
+
 # --------------------------------------------------------------------------- #
 # GAT with its node logits computed next to the attention
 # --------------------------------------------------------------------------- #
