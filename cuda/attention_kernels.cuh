@@ -339,6 +339,11 @@ struct Params {
                                        // (bf16 inputs: one array of bf16 pairs: kPackedEdges)
   float* delta;                        // Delta_i the row pass used [N, H], recompute mode
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
+  // row strides (elements) of d_dst / d_src / d_val: H times their feature
+  // width, or 3 H F where dot attention's gradients of q / k / v are the column
+  // blocks of one [N, 3 H F] buffer (dfgnn_ops.cpp: qkv_blocks; the kernels of
+  // the other kinds index their contiguous rows, the merges read these)
+  int64_t ldg_dst, ldg_src, ldg_val;
   float *part1, *part2;                // partial sums of split items
   // row strides (elements) of dot attention's q / k / v (dst / src / val): H * F,
   // or more for column blocks of one projection GEMM's output (each head's F
@@ -1287,7 +1292,10 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
       else p.part1[slot * p.H + h] = gacc;
     }
   } else {
-    if (slot < 0) store_tile<T, VEC>(ft, p.d_dst + (row * p.H + h) * F, acc);
+    if (slot < 0) {
+      const int64_t d0 = KIND == DOT ? row * p.ldg_dst + h * F : (row * p.H + h) * F;
+      store_tile<T, VEC>(ft, p.d_dst + d0, acc);
+    }
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c) {
       const int64_t f = ft.f[c];
@@ -1568,8 +1576,14 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
     T* vout = KIND == GATV2 ? p.d_src : p.d_val;
     const float* first = KIND == GATV2 ? dk[c] : dv[c];
     if (slot < 0) {
-      if (vout) store_vec<T, VEC>(vout + (src * H + h) * F + f, KIND == GATV2 ? dk[c] : dv[c]);
-      if constexpr (dot_like(KIND)) store_vec<T, VEC>(p.d_src + (src * H + h) * F + f, dk[c]);
+      // (only dot attention's gradients may be column blocks (not AGNN's): the others
+      // keep their contiguous rows' index, which their register budget needs:
+      // GAT's emit-dP column pass ran 1.4-1.5x longer with the row stride)
+      const int64_t vo = KIND == DOT ? src * p.ldg_val + h * F + f : (src * H + h) * F + f;
+      if (vout) store_vec<T, VEC>(vout + vo, KIND == GATV2 ? dk[c] : dv[c]);
+      if constexpr (dot_like(KIND))
+        store_vec<T, VEC>(p.d_src + (KIND == DOT ? src * p.ldg_src + h * F + f : (src * H + h) * F + f),
+                          dk[c]);
     } else {
 #pragma unroll
       for (int k = 0; k < kW<VEC>; ++k) {
@@ -1689,17 +1703,19 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
 }
 
 // Sum partials of split items: out[row, h, :] = sum_{s in [s0, s1)} part[s, h, :]
-// (kMergeThreads per block, one block per (merged row, head)).
+// (out's rows ld elements apart; kMergeThreads per block, one block per
+// (merged row, head)).
 template <typename T, typename I>
 __global__ void __launch_bounds__(kMergeThreads) merge_sum_kernel(const I* merge, int64_t R,
                                                                   int64_t H, int64_t F,
-                                                                  const float* part, T* out) {
+                                                                  const float* part, T* out,
+                                                                  int64_t ld) {
   const int64_t rh = blockIdx.x;
   if (rh >= R * H) return;
   const int64_t r = rh / H, h = rh % H;
   const int64_t row = merge[r * 3], s0 = merge[r * 3 + 1], s1 = merge[r * 3 + 2];
   merge_features(s0, s1, H, h, F, part,
-                 [=](int64_t f, float a) { out[(row * H + h) * F + f] = from_f<T>(a); });
+                 [=](int64_t f, float a) { out[row * ld + h * F + f] = from_f<T>(a); });
 }
 
 }  // namespace dfgnn

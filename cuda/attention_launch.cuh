@@ -264,7 +264,7 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
   }
   if (t_split && p.d_val) {
     merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
-        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val);
+        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val, p.ldg_val);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // ---- scalar row pass: Delta, g (over alpha~ dP), d_dst, d_edge; one warp per item
@@ -289,12 +289,12 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
     delta = at::empty({std::max<int64_t>(Nd, 1), H}, fo);
     p.delta = delta.data_ptr<float>();
     merge_sum_kernel<float, I><<<(unsigned)(R * H), kMergeThreads, 0, stream>>>(
-        sc.merge.data_ptr<I>(), R, H, 1, p.part2, p.delta);
+        sc.merge.data_ptr<I>(), R, H, 1, p.part2, p.delta, H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     bwd_gat_row_kernel<T, I, 1><<<rows_grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     merge_sum_kernel<T, I><<<(unsigned)(R * H), kMergeThreads, 0, stream>>>(
-        sc.merge.data_ptr<I>(), R, H, 1, p.part1, p.d_dst);
+        sc.merge.data_ptr<I>(), R, H, 1, p.part1, p.d_dst, p.ldg_dst);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // ---- scalar column pass: d_src[j] = sum_i g_ij
@@ -308,7 +308,7 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
   }
   if (t_split) {
     merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
-        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, 1, p.part2, p.d_src);
+        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, 1, p.part2, p.d_src, p.ldg_src);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -334,6 +334,14 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   at::Tensor delta, ds, pd;
   p.d_dst = mptr<T>(o.d_dst); p.d_src = mptr<T>(o.d_src); p.d_val = mptr<T>(o.d_val);
   p.d_edge = mptr<T>(o.d_edge);
+  // (d_dst / d_src of GAT are [N, H] scalars; the others' rows H F apart unless
+  // they are column blocks of one buffer)
+  auto gld = [&](const at::Tensor& t, int64_t w) {
+    return t.defined() && t.dim() == 3 ? t.stride(0) : p.H * w;
+  };
+  p.ldg_dst = gld(o.d_dst, KIND == GAT ? 1 : p.F);
+  p.ldg_src = gld(o.d_src, KIND == GAT ? 1 : p.F);
+  p.ldg_val = gld(o.d_val, p.F);
   if constexpr (kSingle) {
     if (gat_single && !recompute) {
       ds = at::empty({E, p.H}, fo);
@@ -395,7 +403,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   if (sc.slots > 0 && sc.merge.defined() && sc.merge.size(0) > 0) {
     const int64_t R = sc.merge.size(0);
     merge_sum_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
-        sc.merge.data_ptr<I>(), R, p.H, featF, p.part1, p.d_dst);
+        sc.merge.data_ptr<I>(), R, p.H, featF, p.part1, p.d_dst, p.ldg_dst);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (KIND == GATV2) {
@@ -432,12 +440,13 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     T* first = KIND == GATV2 ? p.d_src : p.d_val;
     if (first) {
       merge_sum_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
-          sc.t_merge.data_ptr<I>(), R, p.H, p.F, p.part1, first);
+          sc.t_merge.data_ptr<I>(), R, p.H, p.F, p.part1, first,
+          KIND == GATV2 ? p.ldg_src : p.ldg_val);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (KIND != GATV2) {
       merge_sum_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
-          sc.t_merge.data_ptr<I>(), R, p.H, featF, p.part2, p.d_src);
+          sc.t_merge.data_ptr<I>(), R, p.H, featF, p.part2, p.d_src, p.ldg_src);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   }

@@ -24,6 +24,9 @@
 // key and value gradients folded into one, see cuda/dfgnn_ops.cpp)
 #define DFGNN_ATTENTION_BWD_SCHEMA "attention_bwd" DFGNN_ATTENTION_BWD_ARGS
 #define DFGNN_ATTENTION_BWD_FOLDED_SCHEMA "attention_bwd_folded" DFGNN_ATTENTION_BWD_ARGS
+// (dfgnn_C::attention_bwd_blocks, CUDA only, the same arguments: q / k / v given
+// as the column blocks of one buffer get gradients laid out alike)
+#define DFGNN_ATTENTION_BWD_BLOCKS_SCHEMA "attention_bwd_blocks" DFGNN_ATTENTION_BWD_ARGS
 #define DFGNN_ATTENTION_BWD_ARGS                                                              \
   "(int kind, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "                    \
   "Tensor t_col, Tensor t_perm, Tensor dst, Tensor src, Tensor? value, Tensor? edge, "       \

@@ -4,6 +4,9 @@
 // autograd live there).  Inputs were validated in Python once per graph;
 // the checks here guard the kernel's assumptions.
 #include <ATen/ATen.h>
+
+#include <array>
+#include <cstdint>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -311,8 +314,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_residual(
   kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val, edge, att, scale, slope, p, \
       seed, out, lse, grad_out, sched, work, merge, t_work, t_merge
 
-// (the arguments of DFGNN_ATTENTION_BWD_SCHEMA; fold: attention_bwd_folded, below)
-std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold) {
+// Dot attention's q / k / v as the three column blocks of one [N, 3 H F]
+// buffer (a Transformer layer's projection GEMM output, nn/_glue.py:
+// _Projections): the block (0, 1, 2) each of dst / src / val is, or -1s.
+std::array<int64_t, 3> qkv_blocks(const FeatArgs& f) {
+  const std::array<int64_t, 3> none{-1, -1, -1};
+  const at::Tensor* t[3] = {&f.dst, &f.src, &f.val};
+  if (!f.val.defined() || f.src.dim() != 3) return none;
+  const int64_t N = f.src.size(0), H = f.src.size(1), F = f.src.size(2), w = H * F;
+  if (N == 0 || w == 0) return none;
+  for (const at::Tensor* x : t)
+    if (x->dim() != 3 || x->sizes() != f.src.sizes() || x->stride(2) != 1 ||
+        (H > 1 && x->stride(1) != F) || (N > 1 && x->stride(0) != 3 * w) ||
+        x->scalar_type() != f.src.scalar_type() ||
+        x->storage().data() != f.src.storage().data())
+      return none;
+  std::array<int64_t, 3> off, blk;
+  int64_t lo = INT64_MAX;
+  for (int i = 0; i < 3; ++i) lo = std::min(lo, off[i] = t[i]->storage_offset());
+  bool seen[3] = {false, false, false};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t d = off[i] - lo;
+    if (d % w != 0 || d / w > 2 || seen[d / w]) return none;
+    seen[d / w] = true;
+    blk[i] = d / w;
+  }
+  return blk;
+}
+
+// (the arguments of DFGNN_ATTENTION_BWD_SCHEMA; fold: attention_bwd_folded, below;
+// blocks: where q / k / v are the column blocks of one buffer (qkv_blocks),
+// their gradients are the same blocks of one new buffer, which the layer's
+// backward GEMM reads without concatenating them)
+std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blocks) {
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, false);
@@ -336,9 +370,21 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold) {
   // absent gradients are distinct empty tensors (custom-op outputs must not alias)
   auto empty = [&] { return at::empty({0}, src.options()); };
   // (contiguous, whatever the inputs' row strides)
-  o.d_dst = at::empty(f.dst.sizes(), f.dst.options());
-  o.d_src = at::empty(f.src.sizes(), f.src.options());
-  o.d_val = (kind != 1 && f.val.defined()) ? at::empty(f.val.sizes(), f.val.options()) : empty();
+  const std::array<int64_t, 3> blk =
+      (blocks && kind == 2 && !agnn) ? qkv_blocks(f) : std::array<int64_t, 3>{-1, -1, -1};
+  if (blk[0] >= 0) {
+    const int64_t N = f.src.size(0), w = f.src.size(1) * f.src.size(2);
+    const at::Tensor buf = at::empty({N, 3 * w}, f.src.options());
+    auto block = [&](int64_t b) { return buf.narrow(1, b * w, w).view(f.src.sizes()); };
+    o.d_dst = block(blk[0]);
+    o.d_src = block(blk[1]);
+    o.d_val = block(blk[2]);
+  } else {
+    o.d_dst = at::empty(f.dst.sizes(), f.dst.options());
+    o.d_src = at::empty(f.src.sizes(), f.src.options());
+    o.d_val =
+        (kind != 1 && f.val.defined()) ? at::empty(f.val.sizes(), f.val.options()) : empty();
+  }
   o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty();
   o.d_att = f.att.defined() ? at::empty_like(f.att) : empty();
   if (kind == 0) {
@@ -366,7 +412,16 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold) {
 }
 
 std::vector<at::Tensor> attention_bwd(DFGNN_BWD_PARAMS) {
-  return attention_bwd_impl(DFGNN_BWD_ARGS, false);
+  return attention_bwd_impl(DFGNN_BWD_ARGS, false, false);
+}
+
+// attention_bwd, except that dot attention's q / k / v given as the column
+// blocks of one [N, 3 H F] buffer get their gradients as the same blocks of
+// one new buffer (views that share it: for the eager path's Function, whose
+// caller, the Transformer layer's projection node, then runs its GEMMs on that
+// buffer without concatenating; the custom op keeps distinct outputs).
+std::vector<at::Tensor> attention_bwd_blocks(DFGNN_BWD_PARAMS) {
+  return attention_bwd_impl(DFGNN_BWD_ARGS, false, true);
 }
 
 // attention_bwd, except that where AGNN's kernels ran (keys given as the values,
@@ -376,7 +431,7 @@ std::vector<at::Tensor> attention_bwd(DFGNN_BWD_PARAMS) {
 // autograd's addition of the two (the eager CUDA path's Function, whose inputs
 // k and v are then one tensor; the custom op keeps attention_bwd's outputs).
 std::vector<at::Tensor> attention_bwd_folded(DFGNN_BWD_PARAMS) {
-  return attention_bwd_impl(DFGNN_BWD_ARGS, true);
+  return attention_bwd_impl(DFGNN_BWD_ARGS, true, false);
 }
 
 // The backward's column-pass mode for the whole process (forced_backward_mode):
@@ -399,6 +454,7 @@ TORCH_LIBRARY(dfgnn_C, m) {
   m.def(DFGNN_ATTENTION_FWD_RESIDUAL_SCHEMA);
   m.def(DFGNN_ATTENTION_BWD_SCHEMA);
   m.def(DFGNN_ATTENTION_BWD_FOLDED_SCHEMA);
+  m.def(DFGNN_ATTENTION_BWD_BLOCKS_SCHEMA);
   m.def("gat_logits(Tensor x, Tensor att_src, Tensor att_dst) -> (Tensor, Tensor)");
   m.def("gat_logits_bwd(Tensor x, Tensor att_src, Tensor att_dst, Tensor d_src, "
         "Tensor d_dst, Tensor(a!) d_x) -> (Tensor, Tensor)");
@@ -416,6 +472,7 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("attention_fwd_residual", &dfgnn::attention_fwd_residual);
   m.impl("attention_bwd", &dfgnn::attention_bwd);
   m.impl("attention_bwd_folded", &dfgnn::attention_bwd_folded);
+  m.impl("attention_bwd_blocks", &dfgnn::attention_bwd_blocks);
   m.impl("gat_logits", &dfgnn::gat_logits);
   m.impl("gat_logits_bwd", &dfgnn::gat_logits_bwd);
   m.impl("agnn_prologue", &dfgnn::agnn_prologue);

@@ -257,6 +257,27 @@ def _project(meta, x: Tensor, params):
     return x, w, tuple(t.view(-1, heads, width) for t in y.split(heads * width, dim=1))
 
 
+def _block_buffer(grads, n: int, w: int, dtype: torch.dtype) -> Optional[Tensor]:
+    """The ``[n, len(grads) * w]`` buffer whose consecutive column blocks the
+    gradients ``grads`` (``[n, heads, width]``, ``w = heads * width``) are, as
+    the fused attention's backward writes them for q / k / v given as the
+    blocks of one projection output (``dfgnn_C::attention_bwd_blocks``); else
+    ``None`` (the caller concatenates)."""
+    nb = len(grads)
+    g0 = grads[0]
+    if n == 0 or any(g is None or g.dtype != dtype for g in grads) or g0.dim() != 3:
+        return None
+    es, ptr = g0.element_size(), g0.data_ptr()
+    for i, g in enumerate(grads):
+        if (g.numel() != n * w or g.stride(-1) != 1 or g.stride(1) != g.size(2)
+                or (n > 1 and g.stride(0) != nb * w) or g.data_ptr() != ptr + i * w * es
+                or g.untyped_storage().data_ptr() != g0.untyped_storage().data_ptr()):
+            return None
+    if g0.storage_offset() + (n - 1) * nb * w + nb * w > g0.untyped_storage().nbytes() // es:
+        return None
+    return g0.as_strided((n, nb * w), (nb * w, 1))
+
+
 class _Projections(torch.autograd.Function):
     """``[x W_i^T + b_i]`` for ``n`` linear maps of one ``x`` (``[heads * chans,
     in]`` weights, rows padded to ``width`` per head) as one GEMM and one
@@ -302,8 +323,11 @@ class _Projections(torch.autograd.Function):
         x_dt, w_dts, b_dts = ctx.dtypes
         n = x.size(0)
         need = ctx.needs_input_grad
-        g = torch.cat([(gi if gi is not None else x.new_zeros(n, heads, width))
-                       .reshape(n, heads * width).to(x.dtype) for gi in grads[:nb]], dim=1)
+        g = _block_buffer(grads[:nb], n, heads * width, x.dtype)
+        if g is None:
+            g = torch.cat([(gi if gi is not None else x.new_zeros(n, heads, width))
+                           .reshape(n, heads * width).to(x.dtype) for gi in grads[:nb]],
+                          dim=1)
         dx = (g @ w) if need[1] else None
         dw = (g.t() @ x) if any(need[2:2 + 2 * nb:2]) else None
         db = _bias_grad(g, gemv) if any(need[3:3 + 2 * nb:2]) and b_dts[0] is not None else None

@@ -242,18 +242,23 @@ def attention_bwd(kind: int, rowptr: Tensor, col: Tensor, perm: Optional[Tensor]
 
 def _cuda_bwd(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat, value,
               edge, att, scale, negative_slope, dropout_p, seed: int, out, lse, grad_out, sched,
-              work, merge, t_work, t_merge, fold=False):
+              work, merge, t_work, t_merge, fold=False, blocks=False):
     """The CUDA backward with the dropout seed as a Python int.  ``fold``: where
     AGNN's kernels run (keys passed as the values, with a key scale), the key
     and value gradients come back as one (``d_src``, with an empty ``d_value``:
     ``dfgnn_C::attention_bwd_folded``), which only a caller whose keys and
-    values are one autograd input may ask for (:class:`EagerAttention`)."""
+    values are one autograd input may ask for (:class:`EagerAttention`).
+    ``blocks``: dot attention's q / k / v given as the column blocks of one
+    ``[N, 3 H F]`` buffer get their gradients as the same blocks of one new
+    buffer (``dfgnn_C::attention_bwd_blocks``: views sharing it, which the
+    custom op may not return; :class:`EagerAttention` asks for them)."""
     if src_feat.dtype == torch.float64:
         return ref.attention_backward(kind, rowptr, col, perm, dst_feat, src_feat, value,
                                       edge, att, scale, negative_slope, dropout_p, seed, out,
                                       lse, grad_out)
     ext = _ext()
-    op = ext.attention_bwd_folded if fold else ext.attention_bwd
+    op = (ext.attention_bwd_folded if fold else
+          ext.attention_bwd_blocks if blocks else ext.attention_bwd)
     return list(op(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst_feat, src_feat,
                    value, edge, att, scale, negative_slope, dropout_p, seed, out, lse,
                    grad_out.contiguous(), sched, work, merge, t_work, t_merge))
@@ -395,7 +400,9 @@ def _eager_function(name: str, fwd, bwd, doc: str, cpu: bool) -> type:
         dst_feat, src_feat, value, edge, att, out, lse = ctx.saved_tensors
         kind, g, plan, scale, slope, p, seed, _ = ctx.meta
         # (CUDA: keys that are the values get one gradient, the values' None)
-        extra = {"ops": ctx.ops} if cpu else {"fold": ctx.kv}
+        # (CUDA: q / k / v that are column blocks of one buffer get gradients
+        # laid out alike, see _cuda_bwd)
+        extra = {"ops": ctx.ops} if cpu else {"fold": ctx.kv, "blocks": True}
         grads = bwd(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst_feat,
                     src_feat, value, edge, att, scale, slope, p, seed, out, lse, grad_out,
                     plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge, **extra)

@@ -425,3 +425,59 @@ def test_padded_weight_gradcheck(bias, device):
         assert torch.equal(bp, _glue.pad_heads(b, 2, 3, 5))
     assert torch.autograd.gradcheck(
         lambda *t: tuple(o for o in _glue.padded_weight(*t, 2, 3, 5) if o is not None), (w, b))
+
+
+def test_block_buffer_recognises_column_blocks_of_one_buffer():
+    """``_block_buffer`` returns the ``[n, nb * w]`` buffer only when the
+    gradients are its consecutive column blocks, in order; else ``None``."""
+    n, h, c = 5, 2, 3
+    w = h * c
+    buf = torch.randn(n, 3 * w)
+    blocks = [buf[:, i * w:(i + 1) * w].view(n, h, c) for i in range(3)]
+    g = _glue._block_buffer(blocks, n, w, buf.dtype)
+    assert g is not None and torch.equal(g, buf) and g.data_ptr() == buf.data_ptr()
+    assert _glue._block_buffer(blocks[::-1], n, w, buf.dtype) is None        # out of order
+    assert _glue._block_buffer([b.clone() for b in blocks], n, w, buf.dtype) is None
+    assert _glue._block_buffer(blocks[:2] + [None], n, w, buf.dtype) is None
+    assert _glue._block_buffer(blocks, n, w, torch.float64) is None
+    wide = torch.randn(n, 3 * w + 1)   # rows longer than the three blocks
+    assert _glue._block_buffer([wide[:, i * w:(i + 1) * w].view(n, h, c) for i in range(3)],
+                               n, w, wide.dtype) is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,chans,nodes", [(4, 64, 500), (8, 10, 500), (8, 19, 30000)])
+def test_transformer_backward_gemm_reads_the_attention_gradient_blocks(dtype, heads, chans,
+                                                                      nodes, monkeypatch):
+    """On CUDA the attention's backward writes the gradients of q / k / v as
+    the column blocks of one buffer (``dfgnn_C::attention_bwd_blocks``) and the
+    projections' backward runs its GEMMs on it without concatenating: the
+    gradients are those of the concatenating path, to the bit."""
+    torch.manual_seed(heads + chans)
+    ei = torch.randint(0, nodes, (2, 6 * nodes), device="cuda")
+    conv = dnn.TransformerConv(24, chans, heads=heads).cuda().to(dtype)
+    x = torch.randn(nodes, 24, device="cuda", dtype=dtype, requires_grad=True)
+    gout = torch.randn(nodes, heads * chans, device="cuda", dtype=dtype)
+    found = []
+    real = _glue._block_buffer
+
+    def spy(*a):
+        g = real(*a)
+        found.append(g is not None)
+        return g
+
+    def run():
+        conv.zero_grad()
+        x.grad = None
+        conv(x, ei).backward(gout)
+        return [x.grad.clone()] + [p.grad.clone() for p in conv.parameters()]
+
+    monkeypatch.setattr(_glue, "_block_buffer", spy)
+    got = run()
+    assert found == [True]
+    monkeypatch.setattr(_glue, "_block_buffer", lambda *a: None)
+    want = run()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
