@@ -324,6 +324,8 @@ struct Params {
                        // [H, F] (the op's att, ld_bias = 0) or dot attention's residual
                        // rows [N_dst, H, F] (FeatArgs::res, ld_bias = its row stride)
   int64_t ld_bias;
+  int64_t bias_F;      // features per head of the bias rows: F, or out_F (GAT's bias in the
+                       // caller's narrower width, added per element with the narrow store)
   int64_t H, F;        // heads, features of the value (and of q/k for vector scores)
   int G;               // lanes per (item, head)
   int64_t tile;        // features per tile handled by one launch column
@@ -827,17 +829,20 @@ __device__ __forceinline__ void write_row(const Params<T, I>& p, const Group& g,
     for (int c = 0; c < kChunks<VEC>; ++c)
 #pragma unroll
       for (int k = 0; k < kW<VEC>; ++k) acc[c][k] *= inv;
-    if (p.bias) add_tile<T, VEC>(ft, p.bias + row * p.ld_bias + h * p.F, acc);   // (no edges: b)
+    // (a row without edges: b)
+    if (p.bias && p.bias_F == p.F) add_tile<T, VEC>(ft, p.bias + row * p.ld_bias + h * p.F, acc);
     if (p.out_F == p.F) {
       store_tile<T, VEC>(ft, p.out + (row * p.H + h) * p.F, acc);
     } else {   // the caller's narrower rows: the padding columns are not written
       T* o = p.out + (row * p.H + h) * p.out_F;
+      const T* b = (p.bias && p.bias_F != p.F) ? p.bias + h * p.bias_F : nullptr;
 #pragma unroll
       for (int c = 0; c < kChunks<VEC>; ++c) {
         if (ft.f[c] < 0) continue;
 #pragma unroll
         for (int k = 0; k < kW<VEC>; ++k)
-          if (ft.f[c] + k < p.out_F) o[ft.f[c] + k] = from_f<T>(acc[c][k]);
+          if (ft.f[c] + k < p.out_F)
+            o[ft.f[c] + k] = from_f<T>(acc[c][k] + (b ? to_f(b[ft.f[c] + k]) : 0.f));
       }
     }
     if (blockIdx.y == 0 && g.lg == 0) {
@@ -1069,8 +1074,8 @@ __device__ __forceinline__ void merge_slots(int64_t s0, int64_t s1, int64_t H, i
 template <typename T, typename I>
 __global__ void __launch_bounds__(kMergeThreads, kMergeBlocks) fwd_merge_kernel(
     const I* merge, int64_t R, int64_t H, int64_t F, int64_t out_F, const float* part_acc,
-    const float* part_m, const float* part_l, const T* bias, int64_t ld_bias, T* out, float* lse,
-    float* lse_l) {
+    const float* part_m, const float* part_l, const T* bias, int64_t ld_bias, int64_t bias_F,
+    T* out, float* lse, float* lse_l) {
   __shared__ float red[kMergeWarps];
   const int64_t rh = blockIdx.x;  // one block per (merged row, head)
   if (rh >= R * H) return;
@@ -1088,7 +1093,7 @@ __global__ void __launch_bounds__(kMergeThreads, kMergeBlocks) fwd_merge_kernel(
       s0, s1, H, h, F, out_F, part_acc, [=](int64_t s) { return expf(part_m[s * H + h] - M); },
       [=](int64_t f, float a) {
         out[(row * H + h) * out_F + f] =
-            from_f<T>(a * inv + (bias ? to_f(bias[row * ld_bias + h * F + f]) : 0.f));
+            from_f<T>(a * inv + (bias ? to_f(bias[row * ld_bias + h * bias_F + f]) : 0.f));
       });
   if (threadIdx.x == 0) {
     lse[row * H + h] = M;

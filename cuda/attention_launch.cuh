@@ -179,6 +179,9 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
   const at::Tensor& v = kind == GATV2 ? fa.src : fa.val;
   p.H = v.size(1);
   p.F = v.size(2);
+  // GAT's bias rows [H, C]: C = F, or the caller's width C < F (not padded:
+  // the epilogue adds it per element where it stores the narrow output)
+  p.bias_F = (kind == GAT && fa.att.defined()) ? fa.att.size(1) : p.F;
   // row strides of the [N, H, F] inputs (dfgnn_ops.cpp checks their layout)
   auto ld = [&](const at::Tensor& t) { return t.defined() && t.dim() == 3 ? t.stride(0) : p.H * p.F; };
   p.ld_dst = ld(fa.dst);
@@ -222,7 +225,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     const int64_t R = sc.merge.size(0);
     fwd_merge_kernel<T, I><<<(unsigned)(R * p.H), kMergeThreads, 0, stream>>>(
         sc.merge.data_ptr<I>(), R, p.H, p.F, p.out_F, p.part_acc, p.part_m, p.part_l, p.bias,
-        p.ld_bias, p.out, p.lse, p.lse_l);
+        p.ld_bias, p.bias_F, p.out, p.lse, p.lse_l);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (fa.need_alpha && p.num_items > 0 && gr.col.numel() > 0) {
@@ -357,8 +360,8 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   at::Tensor o_full;
   if (KIND == GAT) {
     o_full = bi.out;
+    if (fa.att.defined()) o_full = o_full - fa.att.narrow(1, 0, o_full.size(2));
     if (o_full.size(2) != p.F) o_full = at::constant_pad_nd(o_full, {0, p.F - o_full.size(2)});
-    if (fa.att.defined()) o_full = o_full - fa.att;
     o_full = o_full.contiguous();
     p.o = cptr<T>(o_full);
   }
