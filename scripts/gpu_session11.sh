@@ -39,7 +39,7 @@ build() {  # dir cache extra log
 }
 pids=()
 build "$ROOT" /tmp/dfgnn_new "" "$OUT/build_new.log" & pids+=($!)
-if has ab || has check || has mem; then
+if has ab || has check || has mem || has benchab; then
   [ -d _carry/base ] && { build "$ROOT/_carry/base" /tmp/dfgnn_base "" "$OUT/build_base.log" & pids+=($!); }
   for i in "${!VS[@]}"; do
     build "$ROOT" /tmp/dfgnn_var$i "${VS[$i]}" "$OUT/build_var$i.log" & pids+=($!)
