@@ -401,8 +401,10 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   if (kind == 0) {
     bwd_gat(g, f, s, bi, o);
     if (f.att.defined()) {   // the output bias: a column sum of grad_out, as a GEMV
-      // (of the caller's grad_out, [N, H, C]: the bias' own width)
-      const auto g2 = grad_out.reshape({-1, f.att.numel()});
+      // of the caller's grad_out [N, H, C], written in the caller's bias width C
+      // (the kernels may have run a bias padded to their width)
+      const auto g2 = grad_out.reshape({-1, orig.att.numel()});
+      o.d_att = at::empty(orig.att.sizes(), orig.att.options());
       at::Tensor d_att = o.d_att.view({-1});
       at::mv_out(d_att, g2.t(), at::ones({g2.size(0)}, g2.options()));
     }

@@ -67,6 +67,11 @@ def test_narrow_bias_equals_the_unpadded_call(device, dtype, heads, C, pad, spli
     for n, (a, c) in enumerate([(o1, o2)] + list(zip(g1, (g2[0][..., :C],) + g2[1:]))):
         scale = float(a.abs().max()) if n not in (2, 3) else logit_terms
         torch.testing.assert_close(a, c, rtol=0, atol=8 * u * scale + 1e-30)
+    # the bias gradient is the column sum of grad_out (float64 reference)
+    want_db = gout.double().sum(0)
+    for db in (g1[3], g2[3]):
+        torch.testing.assert_close(db.double(), want_db, rtol=0,
+                                   atol=8 * u * float(gout.double().abs().sum(0).max()))
     # a destination without edges gets the bias
     empty = g.rowptr.diff() == 0
     assert empty.any() and (o2[empty] == b).all()
