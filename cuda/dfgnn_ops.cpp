@@ -236,15 +236,22 @@ at::Tensor residual_rows(const at::Tensor& r, int64_t Fp) {
   return c.data_ptr() == r.data_ptr() ? c.clone() : c;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_impl(
-    int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
-    const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
-    const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
-    const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
-    const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
-    bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor>& work,
-    const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
-    const optional<at::Tensor>& t_merge, const at::Tensor& residual) {
+#define DFGNN_FWD_PARAMS                                                                  \
+  int64_t kind, const at::Tensor &rowptr, const at::Tensor &col,                              \
+      const optional<at::Tensor> &perm, const at::Tensor &t_rowptr, const at::Tensor &t_col,  \
+      const at::Tensor &t_perm, const at::Tensor &dst, const at::Tensor &src,                 \
+      const optional<at::Tensor> &val, const optional<at::Tensor> &edge,                      \
+      const optional<at::Tensor> &att, double scale, double slope, double p, int64_t seed,    \
+      bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor> &work,               \
+      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                  \
+      const optional<at::Tensor> &t_merge
+#define DFGNN_FWD_ARGS                                                                       \
+  kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val, edge, att, scale, slope, p, \
+      seed, need_alpha, sched, work, merge, t_work, t_merge
+
+// (the arguments of DFGNN_ATTENTION_FWD_SCHEMA and the residual, or an undefined tensor)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_impl(DFGNN_FWD_PARAMS,
+                                                                  const at::Tensor& residual) {
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, need_alpha);
@@ -278,18 +285,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_impl(
   return {o.out, o.lse, o.alpha};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
-    int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
-    const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
-    const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
-    const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
-    const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
-    bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor>& work,
-    const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
-    const optional<at::Tensor>& t_merge) {
-  return attention_fwd_impl(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val,
-                            edge, att, scale, slope, p, seed, need_alpha, sched, work, merge,
-                            t_work, t_merge, at::Tensor());
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(DFGNN_FWD_PARAMS) {
+  return attention_fwd_impl(DFGNN_FWD_ARGS, at::Tensor());
 }
 
 // attention_fwd plus dot attention's residual r [N_dst, H, C] (C <= F) added
@@ -297,18 +294,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd(
 // Transformer layer's root weight x_i W_r without a pass of its own).  Forward
 // only (no autograd formula: pyg_dfgnn.ops.dot_attention calls it where no
 // gradient is recorded); the lse it returns is the attention's.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_residual(
-    int64_t kind, const at::Tensor& rowptr, const at::Tensor& col,
-    const optional<at::Tensor>& perm, const at::Tensor& t_rowptr, const at::Tensor& t_col,
-    const at::Tensor& t_perm, const at::Tensor& dst, const at::Tensor& src,
-    const optional<at::Tensor>& val, const optional<at::Tensor>& edge,
-    const optional<at::Tensor>& att, double scale, double slope, double p, int64_t seed,
-    bool need_alpha, at::IntArrayRef sched, const optional<at::Tensor>& work,
-    const optional<at::Tensor>& merge, const optional<at::Tensor>& t_work,
-    const optional<at::Tensor>& t_merge, const at::Tensor& residual) {
-  return attention_fwd_impl(kind, rowptr, col, perm, t_rowptr, t_col, t_perm, dst, src, val,
-                            edge, att, scale, slope, p, seed, need_alpha, sched, work, merge,
-                            t_work, t_merge, residual);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_residual(DFGNN_FWD_PARAMS,
+                                                                      const at::Tensor& residual) {
+  return attention_fwd_impl(DFGNN_FWD_ARGS, residual);
 }
 
 #define DFGNN_BWD_PARAMS                                                                  \
