@@ -123,15 +123,14 @@ if has benchab; then   # the layer matrix (BENCH_ARGS) for _carry/base and this 
     for tree in base new; do
       if [ $tree = base ]; then
         [ -d _carry/base ] || continue
-        (cd _carry/base && PYTHONPATH=$ROOT/_carry/base PYG_DFGNN_CACHE=/tmp/dfgnn_base \
-          timeout ${BENCH_TIMEOUT:-300} python -m pyg_dfgnn bench $ROOT/configs/bench_default.yaml \
-          --out "$OUT/bench_${tree}_$round" --no-train --no-compile --no-plots \
-          --contenders fused,pyg ${BENCH_ARGS:-}) > "$OUT/bench_${tree}_$round.log" 2>&1
+        d=$ROOT/_carry/base; c=/tmp/dfgnn_base
       else
-        timeout ${BENCH_TIMEOUT:-300} python -m pyg_dfgnn bench configs/bench_default.yaml \
-          --out "$OUT/bench_${tree}_$round" --no-train --no-compile --no-plots \
-          --contenders fused,pyg ${BENCH_ARGS:-} > "$OUT/bench_${tree}_$round.log" 2>&1
+        d=$ROOT; c=/tmp/dfgnn_new
       fi
+      (cd "$d" && PYTHONPATH=$d PYG_DFGNN_CACHE=$c timeout ${BENCH_TIMEOUT:-300} \
+        python -m pyg_dfgnn bench "$ROOT/configs/bench_default.yaml" --out "$OUT/bench_${tree}_$round" \
+        --no-train --no-compile --no-plots --contenders fused,pyg ${BENCH_ARGS:-}) \
+        > "$OUT/bench_${tree}_$round.log" 2>&1
       echo "bench $tree round $round rc=$?"
     done
   done

@@ -149,32 +149,27 @@ def _rows(t: Optional[Tensor]) -> Optional[Tensor]:
     return t.contiguous()
 
 
+def _with_residual(out: Tensor, residual: Optional[Tensor]) -> Tensor:
+    """``out[..., :C] + residual`` (the residual added after the op), or ``out``."""
+    if residual is None:
+        return out
+    C = residual.size(-1)
+    return (out if out.size(-1) == C else out[..., :C]) + residual
+
+
 def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
          value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor], scale: float,
          negative_slope: float, dropout: float, return_alpha: bool,
          residual: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     seed = _seed(dropout, graph.device)
-    if residual is not None:
-        if _fold_residual(graph, residual, dst_feat, src_feat, value, edge):
-            # (dot attention on an eager CUDA call without autograd: the kernel adds it)
-            plan = fused.plan_of(graph, kind, src_feat, value)
-            src_r = _rows(src_feat)
-            out, _lse, alpha = fused.attention_residual_on(
-                kind, graph, plan, _rows(dst_feat), src_r,
-                src_r if value is src_feat else _rows(value), _dense(edge), residual,
-                float(scale), float(negative_slope), float(dropout), seed, bool(return_alpha))
-            return out, (alpha if return_alpha else None)
-        out, alpha = _run(kind, graph, dst_feat, src_feat, value, edge, att, scale,
-                          negative_slope, dropout, return_alpha)
-        C = residual.size(-1)
-        return (out if out.size(-1) == C else out[..., :C]) + residual, alpha
     floats = (float(scale), float(negative_slope), float(dropout))
     if isinstance(graph, GraphRef):  # torch.compile: the op converts edge_index itself
         if return_alpha:
             raise ValueError("'return_alpha' needs a CSRGraph, not a GraphRef")
         feats = tuple(t.contiguous() if t is not None else None
                       for t in (dst_feat, src_feat, value, edge, att))
-        return fused.graph_attention(kind, graph, *feats, *floats, seed), None
+        return _with_residual(fused.graph_attention(kind, graph, *feats, *floats, seed),
+                              residual), None
     plan = fused.plan_of(graph, kind, src_feat, value)
     # the CUDA kernels take dot attention's q / k / v row-strided (column blocks
     # of one projection GEMM: nn/_glue.py, fused_projections)
@@ -182,9 +177,16 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
     src_r = rows(src_feat)
     # keys that are the values stay one tensor: the kernels gather it once per edge
     value_r = src_r if value is src_feat else rows(value)
-    out, _lse, alpha = fused.attention_on(
-        kind, graph, plan, rows(dst_feat), src_r, value_r, _dense(edge), _dense(att),
-        *floats, seed, bool(return_alpha))
+    if residual is not None and _fold_residual(graph, residual, dst_feat, src_feat, value, edge):
+        # (dot attention on an eager CUDA call without autograd: the kernel adds it)
+        out, _lse, alpha = fused.attention_residual_on(
+            kind, graph, plan, rows(dst_feat), src_r, value_r, _dense(edge), residual,
+            *floats, seed, bool(return_alpha))
+    else:
+        out, _lse, alpha = fused.attention_on(
+            kind, graph, plan, rows(dst_feat), src_r, value_r, _dense(edge), _dense(att),
+            *floats, seed, bool(return_alpha))
+        out = _with_residual(out, residual)
     return out, (alpha if return_alpha else None)
 
 
