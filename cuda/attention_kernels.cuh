@@ -197,7 +197,21 @@ constexpr int64_t kL2Bytes = int64_t(16) << 20;
 // alpha~_ij dP_ij, dP_ij = <dO_i, x_j>, per edge for the scalar passes (bwd_gat_row_kernel,
 // bwd_gat_src_kernel) that finish d_dst, d_src and d_edge without gathering a
 // feature row again.
-enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2 };
+// GAT's atomic mode (kColAtomic, see bwd_gat_atomic): as emit-dP, but dS from a
+// Delta taken before the pass, d_src summed here and the destination rows'
+// sums added atomically, so that nothing per edge is stored.
+enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2, kColAtomic = 3 };
+// In the atomic mode, the rows that take the exact Delta (bwd_gat_atomic):
+// those one edge dominates, alpha_max =
+// 1 / l_i > 1/2 (log l_i < log 2; the forward's lse_l), degree-1 rows among
+// them.  In the others no dS can cancel to far below <dO, O>'s rounding (it
+// is of the order of that rounding in PyTorch's softmax backward too), and D
+// is used as it is, as FlashAttention does.
+constexpr float kDominated = 0.69314718f;
+#ifndef DFGNN_GAT_NO_ATOMICS
+#define DFGNN_GAT_NO_ATOMICS 0
+#endif
+
 // GAT's emit-dP column pass: 2 resident blocks in fp32, 4 in fp16/bf16
 // (packed rows, 2-edge batches: 64 registers); measured on an H100 (session
 // 12): fp32 at 3 blocks and bf16 at 2 or 3 were slower
@@ -206,7 +220,11 @@ enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2 };
 #endif
 template <int KIND, typename T, int MODE, int VEC> constexpr int kColBlocks =
     kWide<VEC> ? DFGNN_WIDE_BLOCKS :
-    MODE == kColEmitDP ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 2)
+    MODE == kColEmitDP ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 2) :
+    // (the atomic mode waits on its scattered scalar loads and atomics: 4 blocks,
+    // 64 registers and 12-180 B of spills, were faster than 3 blocks without
+    // spills, and fp32 at 2 blocks took 1.3x the time of 3; H200, session 26)
+    MODE == kColAtomic ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 4)
                        : blocks_for(sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS,
                                     MODE != kColStored ? 2 : 3, DFGNN_COL_BLOCKS, 2);
 // resident blocks of GAT's scalar backward passes
@@ -340,6 +358,11 @@ struct Params {
   float* ds; float* pd;                // per edge [E, H] (CSR order), stored mode
                                        // (bf16 inputs: one array of bf16 pairs: kPackedEdges)
   float* delta;                        // Delta_i the row pass used [N, H], recompute mode
+  // GAT's atomic mode (kColAtomic): per (destination row, head) [N_dst, H, 4]
+  // fp32 sums over the row's edges (the exact Delta, d_dst's terms, the alpha
+  // factor of its correction: one 16-byte atomic per edge) and D_i = <dO_i,
+  // O_i>, later eps_i; and d_src before its correction [N_src, H]
+  float *gat_acc, *d_src_f;
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
   // row strides (elements) of d_dst / d_src / d_val: H times their feature
   // width, or 3 H F where dot attention's gradients of q / k / v are the column
@@ -1397,8 +1420,9 @@ template <int KIND, typename T, typename I, int VEC, int MODE>
 __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_kernel(const Params<T, I> p) {
   constexpr bool RECOMPUTE = MODE != kColStored;   // alpha recomputed here
   constexpr bool EMIT = MODE == kColEmitDP;        // GAT: write alpha~ dP, leave g to the scalar passes
-  static_assert(!EMIT || KIND == GAT, "emit-dP mode is GAT's");
-  constexpr int B = EMIT ? DFGNN_EMIT_BATCH
+  constexpr bool ATOMIC = MODE == kColAtomic;      // GAT: d_src here, row sums atomically
+  static_assert(!(EMIT || ATOMIC) || KIND == GAT, "emit-dP and atomic modes are GAT's");
+  constexpr int B = (EMIT || ATOMIC) ? DFGNN_EMIT_BATCH
                          : kWide<VEC> ? DFGNN_WIDE_COL_BATCH : kColBatch<KIND, RECOMPUTE, T>;
   constexpr int NC = kChunks<VEC>;
   const Group g(p.G);
@@ -1460,7 +1484,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
       const int64_t ih = (int64_t)i[t] * H + h;
       m[t] = ok ? p.lse_in[ih] : 0.f;
       ll[t] = ok ? p.lse_l_in[ih] : 0.f;
-      dl[t] = (ok && !EMIT) ? p.delta[ih] : 0.f;
+      dl[t] = (ok && !EMIT) ? (ATOMIC ? p.gat_acc[ih * 4 + 3] : p.delta[ih]) : 0.f;
       z[t] = 0.f;
       if constexpr (KIND == GAT) {
         if (ok) {
@@ -1559,6 +1583,32 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
         else if constexpr (dot_like(KIND)) gv = dS * p.scale;
         else gv = dS;
         pdv = alpha * kf;
+        if constexpr (ATOMIC) {   // one lane of the group adds the row sums of edge t
+          if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
+            // where LeakyReLU' != 1, d_dst's centred term and alpha's factor of
+            // its correction; in a dominated row (kDominated) the exact Delta's
+            // term alpha~ dP
+            const float d1 = dleaky(z[t], p.slope) - 1.f;
+            const bool dom = ll[t] < kDominated;
+            const float4 v = make_float4(dom ? pdv * dp[t] : 0.f, gv - dS, alpha * d1, 0.f);
+            float* a = p.gat_acc + ((int64_t)i[t] * H + h) * 4;
+#if !DFGNN_GAT_NO_ATOMICS   // (a timing diagnostic only: wrong gradients)
+            if (dom || d1 != 0.f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+              // (one vector atomic: with three scalar ones the pass took 1.5x the
+              // emit-dP pass in fp32, H200)
+              atomicAdd(reinterpret_cast<float4*>(a), v);
+#else
+              if (v.x != 0.f) atomicAdd(a, v.x);
+              if (d1 != 0.f) {
+                atomicAdd(a + 1, v.y);
+                atomicAdd(a + 2, v.z);
+              }
+#endif
+            }
+#endif
+          }
+        }
       }
       gacc += gv;
       float ev[KIND == GATV2 ? NC : 1][kW<VEC>];   // GATv2's z_ij needs e_ij again
@@ -1577,8 +1627,9 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   // outputs: part1 <- the value-side gradient, part2 <- the source-side one
   if constexpr (KIND == GAT && !EMIT) {
     if (g.lg == 0 && blockIdx.y == 0) {
-      if (slot < 0) p.d_src[src * H + h] = from_f<T>(gacc);
-      else p.part2[slot * H + h] = gacc;
+      if (slot >= 0) p.part2[slot * H + h] = gacc;
+      else if (ATOMIC) p.d_src_f[src * H + h] = gacc;   // (corrected by bwd_gat_fix_kernel)
+      else p.d_src[src * H + h] = from_f<T>(gacc);
     }
   }
 #pragma unroll
@@ -1715,6 +1766,96 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
   if (hl.e == 0) {
     if (slot < 0) p.d_src[src * H + h] = from_f<T>(acc);
     else p.part2[slot * H + h] = acc;
+  }
+}
+
+// ------------------------------------------- GAT's atomic backward
+// Nothing per edge is stored (bwd_gat_atomic in attention_launch.cuh).  The
+// column pass (kColAtomic) gathers dO_i once per edge, as emit-dP does, and
+// forms dS_ij = alpha_ij (keep_ij dP_ij - D_i) with D_i = <dO_i, O_i> taken
+// before it (gat_delta_kernel).  It sums d_val and d_src[j] = sum_i dS_ij
+// LeakyReLU'(z_ij) over its own column and adds per edge, with one 16-byte
+// atomic into the destination row's fp32 sums, where LeakyReLU'(z_ij) != 1
+// d_dst's centred term dS_ij (LeakyReLU' - 1) and alpha_ij (LeakyReLU' - 1),
+// and in a dominated row (kDominated) the exact Delta's term alpha~_ij dP_ij.
+//
+// D_i is only <dO, O>'s rounding away from the exact Delta X_i = sum_j
+// alpha~_ij dP_ij, but in a nearly saturated row that rounding dominates dS
+// (see the row pass), so in the dominated rows the exact-Delta gradients are
+// restored after the pass with eps_i = D_i - X_i (0 elsewhere):
+// dS_ij(X) = dS_ij(D) + alpha_ij eps_i, hence
+//   d_dst[i] += eps_i sum_j alpha_ij (LeakyReLU'(z_ij) - 1)  (bwd_gat_eps_kernel)
+//   d_src[j] += sum_i alpha_ij LeakyReLU'(z_ij) eps_i        (bwd_gat_fix_kernel)
+// The two parts are each rounded on the scale of their own terms (|dS(D)| and
+// alpha |eps|, both small where the row is saturated), so the result has the
+// accuracy of the exact-Delta backward, in fp32 sums whose order the atomics
+// leave open (not bit-reproducible; torch.use_deterministic_algorithms takes
+// the stored mode).
+
+// D_i = <dO_i, O_i> per (row, head), O = out - bias in fp32 from the stored
+// output in the caller's width C (the padding columns of O are zero); 8 lanes
+// per (row, head).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) gat_delta_kernel(
+    int64_t NH, int64_t H, int64_t C, const T* dout, int64_t sd0, int64_t sd1, const T* out,
+    int64_t so0, int64_t so1, const T* bias, int64_t ldb, float* delta, int64_t ld_delta) {
+  constexpr int L = 8;
+  const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / L;
+  const int lane = threadIdx.x & (L - 1);
+  float s = 0.f;
+  if (r < NH) {
+    const int64_t i = r / H, h = r % H;
+    const T* d = dout + i * sd0 + h * sd1;
+    const T* o = out + i * so0 + h * so1;
+    const T* b = bias ? bias + h * ldb : nullptr;
+    for (int64_t f = lane; f < C; f += L) {
+      float ov = to_f(o[f]);
+      if (b) ov -= to_f(b[f]);
+      s += to_f(d[f]) * ov;
+    }
+  }
+#pragma unroll
+  for (int k = L / 2; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k, L);
+  if (r < NH && lane == 0) delta[r * ld_delta] = s;
+}
+
+// After the column pass, per (destination row, head): eps_i = D_i - X_i
+// (written over D, the 4th of the row's sums) and d_dst.
+template <typename T, typename I>
+__global__ void __launch_bounds__(kThreads) bwd_gat_eps_kernel(const Params<T, I> p, int64_t NH) {
+  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= NH) return;
+  const float4 a = reinterpret_cast<const float4*>(p.gat_acc)[r];
+  const float eps = p.lse_l_in[r] < kDominated ? a.w - a.x : 0.f;
+  p.gat_acc[r * 4 + 3] = eps;
+  p.d_dst[r] = from_f<T>(a.y + eps * a.z);
+}
+
+// d_src[j] = (the column pass's sum) + sum_i alpha_ij LeakyReLU'(z_ij) eps_i,
+// alpha and z recomputed from the scalars; lanes as bwd_gat_src_kernel.  A
+// segment of a split column adds its part to its slot (merged after).
+template <typename T, typename I>
+__global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_fix_kernel(const Params<T, I> p) {
+  const int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (item >= p.num_items) return;   // warp-uniform
+  int64_t src, begin, end, slot;
+  load_item(p.work, p.t_rowptr, item, src, begin, end, slot);
+  const HeadLanes hl(p.H);
+  const int64_t H = p.H, h = hl.h;
+  const float a_src = to_f(p.src[src * H + h]);
+  float acc = 0.f;
+  for (int64_t q = hl.first(begin, end); q < end; q += hl.P) {
+    const int64_t ih = (int64_t)p.t_col[q] * H + h;
+    const float eps = p.gat_acc[ih * 4 + 3];
+    if (eps == 0.f) continue;   // (a row that is not dominated)
+    const float z = a_src + to_f(p.dst[ih]);
+    const float alpha = expf((leaky(z, p.slope) - p.lse_in[ih]) - p.lse_l_in[ih]);
+    acc += alpha * dleaky(z, p.slope) * eps;
+  }
+  acc = hl.sum(acc);
+  if (hl.e == 0) {
+    if (slot < 0) p.d_src[src * H + h] = from_f<T>(p.d_src_f[src * H + h] + acc);
+    else p.part2[slot * H + h] += acc;
   }
 }
 

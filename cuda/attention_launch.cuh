@@ -82,17 +82,24 @@ int64_t device_constant(std::atomic<int64_t> (&cache)[64], Query&& query) {
 // device, at the first backward, which a CUDA graph's warm-up runs eagerly).  Both modes give the same gradients
 // to a few fp32 roundings (tests/ops/test_cuda_kernels.py).
 // A mode forced through set_backward_mode (forced_backward_mode) takes precedence
-// over the environment variable.
-inline bool recompute_backward(int64_t per_edge_bytes) {
+// over the environment variable.  GAT without edge features stores nothing per
+// edge in auto and recompute modes unless deterministic algorithms are asked
+// for (bwd_gat_atomic); store mode keeps its single-gather array.
+// The mode asked for: 0 store, 1 recompute, -1 auto.
+inline int backward_request() {
   const int forced = forced_backward_mode().load(std::memory_order_relaxed);
-  if (forced == 0 || forced == 1) return forced == 1;
-  if (forced < 0) {
-    const char* env = std::getenv("PYG_DFGNN_BACKWARD");
-    if (env && std::strcmp(env, "recompute") == 0) return true;
-    if (env && std::strcmp(env, "store") == 0) return false;
-    TORCH_CHECK(!env || !*env || std::strcmp(env, "auto") == 0,
-                "PYG_DFGNN_BACKWARD: must be 'auto', 'store' or 'recompute', got '", env, "'");
-  }
+  if (forced == 0 || forced == 1) return forced;
+  const char* env = std::getenv("PYG_DFGNN_BACKWARD");
+  if (env && std::strcmp(env, "recompute") == 0) return 1;
+  if (env && std::strcmp(env, "store") == 0) return 0;
+  TORCH_CHECK(!env || !*env || std::strcmp(env, "auto") == 0,
+              "PYG_DFGNN_BACKWARD: must be 'auto', 'store' or 'recompute', got '", env, "'");
+  return -1;
+}
+
+inline bool recompute_backward(int64_t per_edge_bytes) {
+  const int req = backward_request();
+  if (req >= 0) return req == 1;
   static std::atomic<int64_t> totals[64];   // device memory
   const int64_t total = device_constant(totals, [](int) {
     size_t free_b = 0, total_b = 0;
@@ -316,6 +323,83 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
   }
 }
 
+// GAT's backward with nothing stored per edge (see bwd_col_kernel's kColAtomic
+// and the kernels after bwd_gat_src_kernel): D = <dO, O>, the column pass
+// (d_val, d_src before its correction, the destination rows' sums by atomics),
+// eps and d_dst per row, d_src's correction per column.  Used without edge
+// features (whose per-edge gradient would need dS again) where the caller
+// allows results that are not bit-reproducible (bwd_impl).
+template <typename T, typename I, int VEC>
+void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
+                    const at::TensorOptions& fo, const BwdIn& bi, const FeatArgs& fa,
+                    cudaStream_t stream) {
+  const int64_t H = p.H, NH = Nd * H;
+  // ---- the rows' sums (16-byte aligned) and D_i = <dO_i, O_i> as their 4th,
+  // O = out - bias (the stored output in the caller's width)
+  at::Tensor acc = at::zeros({std::max<int64_t>(Nd, 1), H, 4}, fo);
+  p.gat_acc = acc.data_ptr<float>();
+  const at::Tensor out = bi.out.stride(2) == 1 ? bi.out : bi.out.contiguous();
+  const at::Tensor dout = bi.grad_out.stride(2) == 1 ? bi.grad_out : bi.grad_out.contiguous();
+  const at::Tensor bias = fa.att.defined() ? fa.att.reshape({H, -1}).contiguous() : at::Tensor();
+  if (NH > 0) {
+    const int64_t threads = NH * 8;
+    gat_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        NH, H, out.size(2), cptr<T>(dout), dout.stride(0), dout.stride(1), cptr<T>(out),
+        out.stride(0), out.stride(1), cptr<T>(bias), bias.defined() ? bias.size(1) : 0,
+        p.gat_acc + 3, 4);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  // d_src before its correction, fp32 (fp32 inputs: d_src itself)
+  at::Tensor dsf;
+  if constexpr (std::is_same<T, float>::value) {
+    p.d_src_f = p.d_src;
+  } else {
+    dsf = at::empty({std::max<int64_t>(Ns, 1), H}, fo);
+    p.d_src_f = dsf.data_ptr<float>();
+  }
+  // ---- column pass (the transposed CSR's items, as emit-dP)
+  p.work = iptr<I>(sc.t_work);
+  p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
+  p.G = choose_group(sc.group, p.F, VEC, GAT);
+  const Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
+  p.tile = l.tile;
+  at::Tensor cpart1, cpart2;
+  if (sc.t_slots > 0) {
+    cpart1 = at::empty({sc.t_slots, H, p.F}, fo);
+    cpart2 = at::empty({sc.t_slots, H}, fo);
+    p.part1 = cpart1.data_ptr<float>();
+    p.part2 = cpart2.data_ptr<float>();
+  }
+  const bool t_split = sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0;
+  if (p.num_items > 0) {
+    bwd_col_kernel<GAT, T, I, VEC, kColAtomic><<<l.grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (t_split && p.d_val) {
+    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
+        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val, p.ldg_val);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  // ---- per destination row: eps = D - X (over D), d_dst
+  if (NH > 0) {
+    bwd_gat_eps_kernel<T, I><<<(unsigned)((NH + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        p, NH);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  // ---- per source column: d_src's correction (split columns: into their slots, merged)
+  constexpr int kWarps = kThreads / 32;
+  if (p.num_items > 0) {
+    bwd_gat_fix_kernel<T, I><<<(unsigned)((p.num_items + kWarps - 1) / kWarps), kThreads, 0,
+                               stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (t_split) {
+    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
+        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, 1, p.part2, p.d_src, p.ldg_src);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
 template <int KIND, typename T, typename I, int VEC>
 void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const BwdIn& bi,
               BwdOut& o) {
@@ -346,6 +430,14 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   p.ldg_src = gld(o.d_src, KIND == GAT ? 1 : p.F);
   p.ldg_val = gld(o.d_val, p.F);
   if constexpr (kSingle) {
+    // GAT without edge features, unless the store mode or bit-reproducible
+    // results are asked for: nothing per edge (bwd_gat_atomic); with
+    // torch.use_deterministic_algorithms, the modes below
+    if (gat_single && E > 0 && !fa.edge.defined() && backward_request() != 0 &&
+        !at::globalContext().deterministicAlgorithms()) {
+      bwd_gat_atomic<T, I, VEC>(p, sc, Nd, Ns, fo, bi, fa, stream);
+      return;
+    }
     if (gat_single && !recompute) {
       ds = at::empty({E, p.H}, fo);
       p.ds = mptr<float>(ds);

@@ -19,11 +19,11 @@ PLANS = ((None, None, None), (64, None, None), (None, 1, None), (64, 2, "row"),
          (0, None, "degree"))
 
 
-def smoke(kind, ei, size, heads, feat, dtype, plans=PLANS):
+def smoke(kind, ei, size, heads, feat, dtype, plans=PLANS, edge=True):
     """Forward (dropout, attention weights) and backward of one kernel kind on
     the graph ``ei`` under each ``(split, group, order)`` of ``plans``."""
     g = get_graph(ei.cuda(), size)
-    inp = make_inputs(kind, size[0], size[1], ei.size(1), heads, feat, dtype, "cuda", True)
+    inp = make_inputs(kind, size[0], size[1], ei.size(1), heads, feat, dtype, "cuda", edge)
     for v in leaves(inp):
         v.requires_grad_(True)
     for split, group, order in plans:
@@ -39,6 +39,14 @@ for name, kind in KINDS.items():
             ei = random_graph(60, 50, 300, super_node=(400, 2))
             ei = torch.cat([ei, torch.stack([torch.full((300,), 4), torch.randint(0, 50, (300,))])], 1)
             smoke(kind, ei, (60, 50), 2, feat, dtype)
+# GAT without edge features: the backward that stores nothing per edge
+# (cuda/attention_launch.cuh: bwd_gat_atomic), with split rows and columns
+for name in ("gat", "gat_bias"):
+    for dtype in (torch.float32, torch.bfloat16):
+        for heads, feat in ((2, 3), (8, 10), (8, 19), (4, 64), (1, 300), (32, 4)):
+            ei = random_graph(60, 50, 300, super_node=(400, 2))
+            ei = torch.cat([ei, torch.stack([torch.full((300,), 4), torch.randint(0, 50, (300,))])], 1)
+            smoke(KINDS[name], ei, (60, 50), heads, feat, dtype, edge=False)
 # dot / GATv2 at 8 x 10 fp32 on a graph whose gathered rows exceed kL2Bytes
 # (cuda/attention_kernels.cuh): the default launch variant; the small graphs
 # above take the L2-resident one

@@ -68,8 +68,12 @@ def set_backward_mode(mode: Optional[str]) -> Optional[str]:
     ``None`` gives the choice back to the ``PYG_DFGNN_BACKWARD`` environment
     variable (default ``auto``), which a forced mode overrides.  Both modes
     give the same gradients to a few fp32 roundings; ``recompute`` trades
-    column-pass time for the per-edge memory.  Returns the previous setting.
-    The CPU kernels have one mode only and ignore it."""
+    column-pass time for the per-edge memory.  GAT without edge features
+    keeps nothing per edge in ``auto`` and ``recompute`` (its destination
+    rows' sums are added atomically: gradients equal to a few roundings, not
+    bit-reproducible) unless ``torch.use_deterministic_algorithms`` is on,
+    when ``auto`` stores.  Returns the previous setting.  The CPU kernels have
+    one mode only and ignore it."""
     if mode is not None and mode not in BACKWARD_MODES:
         raise ValueError(f"'mode' must be one of {', '.join(map(repr, BACKWARD_MODES))} or "
                          f"None, got {mode!r}")

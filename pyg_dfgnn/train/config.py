@@ -246,7 +246,9 @@ class TrainConfig:
         "edge's alpha and dS (fp32, E x heads x 8 bytes while a layer's backward runs; GAT: "
         "E x heads x 4), "
         "recompute = recompute them from the row statistics (no per-edge memory, a slower "
-        "column pass), auto = store unless short of memory (or as PYG_DFGNN_BACKWARD says)")
+        "column pass), auto = store unless short of memory (or as PYG_DFGNN_BACKWARD says); "
+        "GAT without edge features keeps nothing per edge in auto and recompute (atomic row "
+        "sums, not bit-reproducible) unless torch.use_deterministic_algorithms is on")
     cublas_workspace_kib: Union[int, str, None] = _f(
         "auto", help="CUDA: cuBLAS workspace per (handle, stream) in KiB (PyTorch's default "
                      "is 32 MiB on Hopper, kept for the life of the process; a training step "

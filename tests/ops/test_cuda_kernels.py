@@ -281,6 +281,123 @@ def test_gat_single_gather_heads(kind, heads, split, monkeypatch):
           seed=heads, split=split)
 
 
+@pytest.mark.parametrize("kind", ["gat", "gat_bias"])
+@pytest.mark.parametrize("heads", [1, 3, 8, 32])
+@pytest.mark.parametrize("split", [None, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gat_atomic_backward(kind, heads, split, dtype, monkeypatch):
+    """GAT without edge features stores nothing per edge in the default mode:
+    Delta from the stored output, the destination rows' sums added atomically
+    by the column pass, then the exact-Delta correction (cuda/attention_kernels.cuh,
+    kColAtomic).  Every head count of the single-gather mapping, with and
+    without the output bias, dropout, split rows / columns (a super row and a
+    super column), against the float64 reference."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "auto")
+    ei = random_graph(150, 140, 1500, super_node=(700, 5))
+    ei = torch.cat([ei, torch.stack([torch.full((300,), 7), torch.randint(0, 140, (300,))])], 1)
+    check(kind, ei, 150, 140, heads, 16, dtype, dropout=0.2, seed=heads, split=split)
+
+
+@pytest.mark.parametrize("kind", ["gat", "gat_bias"])
+@pytest.mark.parametrize("dropout,split", [(0.0, None), (0.3, 16)])
+def test_gat_atomic_agrees_with_store(kind, dropout, split, monkeypatch):
+    """The atomic backward (auto mode, no edge features) and the stored
+    single-gather one: the stored mode sums the exact Delta = sum_j alpha~_ij
+    dP_ij, the atomic one too in rows one edge dominates (in any order) and
+    takes <dO_i, O_i> in the others: each is within the bound B of
+    :func:`_gat_delta_bounds` of exact Delta, and the atomic mode's d_dst sums its centred terms
+    sum_j |dS_ij| <= 2 sum_f |dO_if| sum_j alpha~_ij |v_jf| in any order (at
+    most 2 B more), so the modes differ by at most 3 B besides 16 fp32
+    roundings of the largest gradient (and one rounding to the dtype)."""
+    k = KINDS[kind]
+    ei = random_graph(150, 150, 1500, super_node=(700, 5))
+    ei = torch.cat([ei, torch.stack([torch.full((500,), 7), torch.randint(0, 150, (500,))])], 1)
+    g = get_graph(ei.cuda(), (150, 150))
+    inp = make_inputs(k, 150, 150, ei.size(1), 3, 24, torch.float32, "cuda", False,
+                      torch.Generator().manual_seed(1))
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    grads = {}
+    for mode in ("store", "auto"):
+        monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
+        torch.manual_seed(7)
+        with schedule.override(split=split):
+            out = call(k, g, inp, dropout)[0]
+            gout = torch.ones_like(out).uniform_(-1, 1, generator=torch.Generator("cuda").manual_seed(3))
+            poison()
+            grads[mode] = torch.autograd.grad(out, leaves(inp), gout)
+    delta_err = _gat_delta_bounds(k, g, inp, gout, dropout, 24, torch.float32)
+    for n, (a, b) in enumerate(zip(grads["auto"], grads["store"])):
+        tol = 16 * 2.0 ** -24 * b.abs().max().item() + 3 * delta_err[n] \
+            + _unit(torch.float32) * b.abs().max().item()
+        torch.testing.assert_close(a, b, rtol=0, atol=tol)
+
+
+def test_gat_atomic_backward_in_a_cuda_graph(monkeypatch):
+    """GAT's atomic backward (its zeroed sums, atomics and correction passes)
+    captured in a CUDA graph and replayed gives the eager gradients, within
+    the bound of :func:`test_gat_atomic_agrees_with_store` for two orders of
+    the atomic sums."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "auto")
+    k = KINDS["gat_bias"]
+    ei = random_graph(150, 150, 1500, super_node=(700, 5))
+    g = get_graph(ei.cuda(), (150, 150))
+    inp = make_inputs(k, 150, 150, ei.size(1), 4, 16, torch.float32, "cuda", False,
+                      torch.Generator().manual_seed(2))
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    gout = torch.randn(150, 4, 16, device="cuda")
+
+    def grads():   # (the upstream gradient as a static input: <out, gout>)
+        return torch.autograd.grad((call(k, g, inp)[0] * gout).sum(), leaves(inp))
+
+    eager = grads()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up off the capture
+        grads()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = grads()
+    graph.replay()
+    torch.cuda.synchronize()
+    delta_err = _gat_delta_bounds(k, g, inp, gout, 0.0, 16, torch.float32)
+    for n, (a, b) in enumerate(zip(captured, eager)):
+        tol = 16 * 2.0 ** -24 * b.abs().max().item() + 3 * delta_err[n]
+        torch.testing.assert_close(a, b, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("kind", ["gat", "gat_bias"])
+def test_gat_backward_memory_and_determinism(kind, monkeypatch):
+    """GAT's default backward keeps nothing per edge; with
+    ``torch.use_deterministic_algorithms`` it takes the stored single-gather
+    backward (no atomics), whose gradients are bit-identical run to run and
+    which keeps one fp32 [E, H] array."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "auto")
+    N, E, H, F = 2000, 1_000_000, 8, 8
+    k = KINDS[kind]
+    ei = random_graph(N, N, E, generator=torch.Generator().manual_seed(5))
+    g = get_graph(ei.cuda(), (N, N))
+    inp = make_inputs(k, N, N, ei.size(1), H, F, torch.float32, "cuda")
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    gout = torch.randn(N, H, F, device="cuda")
+    per_edge_array = E * H * 4
+    extra, _ = _backward_extra(k, g, inp, gout)
+    assert extra < per_edge_array / 4, extra
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        extra, g1 = _backward_extra(k, g, inp, gout)
+        _, g2 = _backward_extra(k, g, inp, gout)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert extra >= per_edge_array
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+
+
 def test_backward_mode_env_is_checked(monkeypatch):
     k = KINDS["dot"]
     ei = random_graph(20, 20, 100)
