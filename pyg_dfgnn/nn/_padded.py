@@ -58,6 +58,11 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
     dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
     if not gpu_bound(x.size(0), heads, chans):
         return op_width(chans, dt, kind) if pad_small else chans
+    if kind == 0 and dt in (torch.float16, torch.bfloat16):
+        # GAT's half-precision kernels take widths of 2 mod 4 (8 x 10) on 4-byte
+        # vectors: unpadded, the projection, the output gradient the op would
+        # pad and d_val are a sixth smaller at 8 x 10 (docs/KERNELS.md, session 26)
+        return op_width(chans, dt, 0)
     return padded_width(chans, dt)
 
 

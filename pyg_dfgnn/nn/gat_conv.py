@@ -153,7 +153,7 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             if lin is not None:
                 # value rows in the kernels' padded head width where that pays
                 # (nn/_padded.py); PyG's lin(x).view(-1, H, C) otherwise
-                width = kernel_width(C, x, H)
+                width = kernel_width(C, x, H, 0)
                 if width != C and not paddable(lin, H, C):
                     width = C
                 x_src = x_dst = padded_linear(lin, x, H, C, width)

@@ -74,13 +74,16 @@ def test_padded_linear_layout():
     (19, torch.float32, 0, 20, 20),     # the op would pad 19 anyway
     (10, torch.bfloat16, 2, 12, 12),    # dot / GATv2 pad bf16 10 to 12
     (10, torch.bfloat16, 1, 12, 12),
-    (10, torch.bfloat16, 0, 10, 12),    # GAT runs it as it is (4-byte vectors)
+    (10, torch.bfloat16, 0, 10, 10),    # GAT runs it as it is (4-byte vectors)
+    (10, torch.float16, 0, 10, 10),
+    (19, torch.bfloat16, 0, 20, 20),
     (64, torch.bfloat16, 2, 64, 64),
 ])
 def test_kernel_width_on_cuda(chans, dtype, kind, small, large):
     """Small (host-bound) CUDA calls project to the width the op would pad to
     anyway where asked (``pad_small``: the Transformer), so the op copies
-    nothing, else to ``chans``; GPU-bound ones to the 16-byte padded width."""
+    nothing, else to ``chans``; GPU-bound ones to the 16-byte padded width,
+    but GAT's half-precision ones to the width its kernels take as it is."""
     x = torch.empty(100, 8, device="cuda", dtype=dtype)
     assert _padded.kernel_width(chans, x, 8, kind, pad_small=True) == small
     assert _padded.kernel_width(chans, x, 8, kind) == chans
