@@ -1628,7 +1628,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   if constexpr (KIND == GAT && !EMIT) {
     if (g.lg == 0 && blockIdx.y == 0) {
       if (slot >= 0) p.part2[slot * H + h] = gacc;
-      else if (ATOMIC) p.d_src_f[src * H + h] = gacc;   // (corrected by bwd_gat_fix_kernel)
+      else if (ATOMIC) p.d_src_f[src * H + h] = gacc;   // (corrected by bwd_gat_src_kernel)
       else p.d_src[src * H + h] = from_f<T>(gacc);
     }
   }
@@ -1752,7 +1752,14 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_row_ker
   }
 }
 
-template <typename T, typename I>
+// The source side's scalar pass (transposed CSR):
+//   FIX = false (stored mode): d_src[j] = sum_i g_ij from the per-edge array;
+//   FIX = true (the atomic mode's correction): d_src[j] = (the column pass's
+//     fp32 sum) + sum_i alpha_ij LeakyReLU'(z_ij) eps_i, alpha and z recomputed
+//     from the scalars (eps_i, the 4th of the rows' sums: 0 where the row is
+//     not dominated).
+// A segment of a split column writes (FIX: adds to) its slot, merged after.
+template <typename T, typename I, bool FIX>
 __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_kernel(const Params<T, I> p) {
   const int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (item >= p.num_items) return;   // warp-uniform
@@ -1760,12 +1767,24 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
   load_item(p.work, p.t_rowptr, item, src, begin, end, slot);
   const HeadLanes hl(p.H);
   const int64_t H = p.H, h = hl.h;
+  const float a_src = FIX ? to_f(p.src[src * H + h]) : 0.f;
   float acc = 0.f;
-  for (int64_t q = hl.first(begin, end); q < end; q += hl.P) acc += p.ds[(int64_t)p.t_perm[q] * H + h];
+  for (int64_t q = hl.first(begin, end); q < end; q += hl.P) {
+    if constexpr (FIX) {
+      const int64_t ih = (int64_t)p.t_col[q] * H + h;
+      const float eps = p.gat_acc[ih * 4 + 3];
+      if (eps == 0.f) continue;   // (a row that is not dominated)
+      const float z = a_src + to_f(p.dst[ih]);
+      const float alpha = expf((leaky(z, p.slope) - p.lse_in[ih]) - p.lse_l_in[ih]);
+      acc += alpha * dleaky(z, p.slope) * eps;
+    } else {
+      acc += p.ds[(int64_t)p.t_perm[q] * H + h];
+    }
+  }
   acc = hl.sum(acc);
   if (hl.e == 0) {
-    if (slot < 0) p.d_src[src * H + h] = from_f<T>(acc);
-    else p.part2[slot * H + h] = acc;
+    if (slot >= 0) p.part2[slot * H + h] = FIX ? p.part2[slot * H + h] + acc : acc;
+    else p.d_src[src * H + h] = from_f<T>(FIX ? p.d_src_f[src * H + h] + acc : acc);
   }
 }
 
@@ -1785,7 +1804,7 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
 // restored after the pass with eps_i = D_i - X_i (0 elsewhere):
 // dS_ij(X) = dS_ij(D) + alpha_ij eps_i, hence
 //   d_dst[i] += eps_i sum_j alpha_ij (LeakyReLU'(z_ij) - 1)  (bwd_gat_eps_kernel)
-//   d_src[j] += sum_i alpha_ij LeakyReLU'(z_ij) eps_i        (bwd_gat_fix_kernel)
+//   d_src[j] += sum_i alpha_ij LeakyReLU'(z_ij) eps_i        (bwd_gat_src_kernel<.., true>)
 // The two parts are each rounded on the scale of their own terms (|dS(D)| and
 // alpha |eps|, both small where the row is saturated), so the result has the
 // accuracy of the exact-Delta backward, in fp32 sums whose order the atomics
@@ -1829,34 +1848,6 @@ __global__ void __launch_bounds__(kThreads) bwd_gat_eps_kernel(const Params<T, I
   const float eps = p.lse_l_in[r] < kDominated ? a.w - a.x : 0.f;
   p.gat_acc[r * 4 + 3] = eps;
   p.d_dst[r] = from_f<T>(a.y + eps * a.z);
-}
-
-// d_src[j] = (the column pass's sum) + sum_i alpha_ij LeakyReLU'(z_ij) eps_i,
-// alpha and z recomputed from the scalars; lanes as bwd_gat_src_kernel.  A
-// segment of a split column adds its part to its slot (merged after).
-template <typename T, typename I>
-__global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_fix_kernel(const Params<T, I> p) {
-  const int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  if (item >= p.num_items) return;   // warp-uniform
-  int64_t src, begin, end, slot;
-  load_item(p.work, p.t_rowptr, item, src, begin, end, slot);
-  const HeadLanes hl(p.H);
-  const int64_t H = p.H, h = hl.h;
-  const float a_src = to_f(p.src[src * H + h]);
-  float acc = 0.f;
-  for (int64_t q = hl.first(begin, end); q < end; q += hl.P) {
-    const int64_t ih = (int64_t)p.t_col[q] * H + h;
-    const float eps = p.gat_acc[ih * 4 + 3];
-    if (eps == 0.f) continue;   // (a row that is not dominated)
-    const float z = a_src + to_f(p.dst[ih]);
-    const float alpha = expf((leaky(z, p.slope) - p.lse_in[ih]) - p.lse_l_in[ih]);
-    acc += alpha * dleaky(z, p.slope) * eps;
-  }
-  acc = hl.sum(acc);
-  if (hl.e == 0) {
-    if (slot < 0) p.d_src[src * H + h] = from_f<T>(p.d_src_f[src * H + h] + acc);
-    else p.part2[slot * H + h] += acc;
-  }
 }
 
 // Sum partials of split items: out[row, h, :] = sum_{s in [s0, s1)} part[s, h, :]

@@ -242,6 +242,24 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
   }
 }
 
+// GAT's source-side scalar pass (bwd_gat_src_kernel: the stored mode's sum of
+// g, or the atomic mode's correction) over the transposed CSR's items in p, and
+// the merge of split columns' slots into d_src.
+template <typename T, typename I, bool FIX>
+void gat_src_pass(const Params<T, I>& p, const Sched& sc, bool t_split, cudaStream_t stream) {
+  constexpr int kWarps = kThreads / 32;
+  if (p.num_items > 0) {
+    bwd_gat_src_kernel<T, I, FIX><<<(unsigned)((p.num_items + kWarps - 1) / kWarps), kThreads,
+                                    0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (t_split) {
+    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * p.H), kMergeThreads, 0, stream>>>(
+        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), p.H, 1, p.part2, p.d_src, p.ldg_src);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
 // GAT's backward in stored mode (bwd_gat_row_kernel): the column pass in
 // emit-dP mode gathers dO_i once per edge for d_val and dP, then two scalar
 // passes over the per-edge alpha~ dP (fp32 [E, H], overwritten by g) give d_dst,
@@ -311,20 +329,11 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
   p.work = t_work;
   p.num_items = t_items;
   p.part2 = sc.t_slots > 0 ? cpart2.data_ptr<float>() : nullptr;
-  if (p.num_items > 0) {
-    bwd_gat_src_kernel<T, I><<<(unsigned)((p.num_items + kWarps - 1) / kWarps), kThreads, 0,
-                               stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  if (t_split) {
-    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
-        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, 1, p.part2, p.d_src, p.ldg_src);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  gat_src_pass<T, I, false>(p, sc, t_split, stream);
 }
 
-// GAT's backward with nothing stored per edge (see bwd_col_kernel's kColAtomic
-// and the kernels after bwd_gat_src_kernel): D = <dO, O>, the column pass
+// GAT's backward with nothing stored per edge (see bwd_col_kernel's kColAtomic,
+// gat_delta_kernel, bwd_gat_eps_kernel, bwd_gat_src_kernel): D = <dO, O>, the column pass
 // (d_val, d_src before its correction, the destination rows' sums by atomics),
 // eps and d_dst per row, d_src's correction per column.  Used without edge
 // features (whose per-edge gradient would need dS again) where the caller
@@ -387,17 +396,7 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // ---- per source column: d_src's correction (split columns: into their slots, merged)
-  constexpr int kWarps = kThreads / 32;
-  if (p.num_items > 0) {
-    bwd_gat_fix_kernel<T, I><<<(unsigned)((p.num_items + kWarps - 1) / kWarps), kThreads, 0,
-                               stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  if (t_split) {
-    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
-        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, 1, p.part2, p.d_src, p.ldg_src);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  gat_src_pass<T, I, true>(p, sc, t_split, stream);
 }
 
 template <int KIND, typename T, typename I, int VEC>
