@@ -1813,11 +1813,12 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
 
 // D_i = <dO_i, O_i> per (row, head), O = out - bias in fp32 from the stored
 // output in the caller's width C (the padding columns of O are zero); 8 lanes
-// per (row, head).
+// per (row, head).  Written as the 4th of the row's sums {0, 0, 0, D_i}, whose
+// other three the column pass then accumulates (so they need no memset).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) gat_delta_kernel(
     int64_t NH, int64_t H, int64_t C, const T* dout, int64_t sd0, int64_t sd1, const T* out,
-    int64_t so0, int64_t so1, const T* bias, int64_t ldb, float* delta, int64_t ld_delta) {
+    int64_t so0, int64_t so1, const T* bias, int64_t ldb, float4* acc) {
   constexpr int L = 8;
   const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / L;
   const int lane = threadIdx.x & (L - 1);
@@ -1835,7 +1836,7 @@ __global__ void __launch_bounds__(kThreads) gat_delta_kernel(
   }
 #pragma unroll
   for (int k = L / 2; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k, L);
-  if (r < NH && lane == 0) delta[r * ld_delta] = s;
+  if (r < NH && lane == 0) acc[r] = make_float4(0.f, 0.f, 0.f, s);
 }
 
 // After the column pass, per (destination row, head): eps_i = D_i - X_i

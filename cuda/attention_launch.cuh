@@ -260,6 +260,44 @@ void gat_src_pass(const Params<T, I>& p, const Sched& sc, bool t_split, cudaStre
   }
 }
 
+// GAT's column pass (MODE kColEmitDP or kColAtomic) over the transposed CSR's
+// items, and the merge of split columns' d_val.  p is left on the column
+// items, with part1 / part2 on the columns' slots (part2: d_src's, which the
+// source pass merges); the returned slots must live until then.
+struct ColSlots {
+  at::Tensor part1, part2;
+  bool split = false;   // columns split into slots that need merging
+};
+
+template <int MODE, typename T, typename I, int VEC>
+ColSlots gat_col_pass(Params<T, I>& p, const Sched& sc, int64_t Ns, const at::TensorOptions& fo,
+                      cudaStream_t stream) {
+  const int64_t H = p.H;
+  p.work = iptr<I>(sc.t_work);
+  p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
+  p.G = choose_group(sc.group, p.F, VEC, GAT);
+  const Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
+  p.tile = l.tile;
+  ColSlots cs;
+  if (sc.t_slots > 0) {
+    cs.part1 = at::empty({sc.t_slots, H, p.F}, fo);
+    cs.part2 = at::empty({sc.t_slots, H}, fo);
+    p.part1 = cs.part1.data_ptr<float>();
+    p.part2 = cs.part2.data_ptr<float>();
+  }
+  cs.split = sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0;
+  if (p.num_items > 0) {
+    bwd_col_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (cs.split && p.d_val) {
+    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
+        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val, p.ldg_val);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return cs;
+}
+
 // GAT's backward in stored mode (bwd_gat_row_kernel): the column pass in
 // emit-dP mode gathers dO_i once per edge for d_val and dP, then two scalar
 // passes over the per-edge alpha~ dP (fp32 [E, H], overwritten by g) give d_dst,
@@ -272,29 +310,9 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
                            const at::TensorOptions& fo, cudaStream_t stream) {
   const int64_t H = p.H;
   // ---- column pass: d_val, and alpha~ dP per edge into p.ds
-  p.work = iptr<I>(sc.t_work);
-  p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
-  p.G = choose_group(sc.group, p.F, VEC, GAT);
-  Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
-  p.tile = l.tile;
-  at::Tensor cpart1, cpart2;
-  if (sc.t_slots > 0) {
-    cpart1 = at::empty({sc.t_slots, H, p.F}, fo);
-    cpart2 = at::empty({sc.t_slots, H}, fo);
-  }
-  const bool t_split = sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0;
+  const ColSlots cs = gat_col_pass<kColEmitDP, T, I, VEC>(p, sc, Ns, fo, stream);
   const int64_t t_items = p.num_items;
   const I* t_work = p.work;
-  if (p.num_items > 0) {
-    p.part1 = sc.t_slots > 0 ? cpart1.data_ptr<float>() : nullptr;
-    bwd_col_kernel<GAT, T, I, VEC, kColEmitDP><<<l.grid, kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  if (t_split && p.d_val) {
-    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
-        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val, p.ldg_val);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
   // ---- scalar row pass: Delta, g (over alpha~ dP), d_dst, d_edge; one warp per item
   constexpr int kWarps = kThreads / 32;
   p.work = iptr<I>(sc.work);
@@ -328,8 +346,8 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
   // ---- scalar column pass: d_src[j] = sum_i g_ij
   p.work = t_work;
   p.num_items = t_items;
-  p.part2 = sc.t_slots > 0 ? cpart2.data_ptr<float>() : nullptr;
-  gat_src_pass<T, I, false>(p, sc, t_split, stream);
+  p.part2 = cs.part2.defined() ? cs.part2.data_ptr<float>() : nullptr;
+  gat_src_pass<T, I, false>(p, sc, cs.split, stream);
 }
 
 // GAT's backward with nothing stored per edge (see bwd_col_kernel's kColAtomic,
@@ -343,9 +361,9 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
                     const at::TensorOptions& fo, const BwdIn& bi, const FeatArgs& fa,
                     cudaStream_t stream) {
   const int64_t H = p.H, NH = Nd * H;
-  // ---- the rows' sums (16-byte aligned) and D_i = <dO_i, O_i> as their 4th,
-  // O = out - bias (the stored output in the caller's width)
-  at::Tensor acc = at::zeros({std::max<int64_t>(Nd, 1), H, 4}, fo);
+  // ---- the rows' sums (16-byte aligned), set to {0, 0, 0, D_i} with D_i =
+  // <dO_i, O_i>, O = out - bias (the stored output in the caller's width)
+  at::Tensor acc = at::empty({std::max<int64_t>(Nd, 1), H, 4}, fo);
   p.gat_acc = acc.data_ptr<float>();
   const at::Tensor out = bi.out.stride(2) == 1 ? bi.out : bi.out.contiguous();
   const at::Tensor dout = bi.grad_out.stride(2) == 1 ? bi.grad_out : bi.grad_out.contiguous();
@@ -355,7 +373,7 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
     gat_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
         NH, H, out.size(2), cptr<T>(dout), dout.stride(0), dout.stride(1), cptr<T>(out),
         out.stride(0), out.stride(1), cptr<T>(bias), bias.defined() ? bias.size(1) : 0,
-        p.gat_acc + 3, 4);
+        reinterpret_cast<float4*>(p.gat_acc));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // d_src before its correction, fp32 (fp32 inputs: d_src itself)
@@ -367,28 +385,7 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
     p.d_src_f = dsf.data_ptr<float>();
   }
   // ---- column pass (the transposed CSR's items, as emit-dP)
-  p.work = iptr<I>(sc.t_work);
-  p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
-  p.G = choose_group(sc.group, p.F, VEC, GAT);
-  const Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
-  p.tile = l.tile;
-  at::Tensor cpart1, cpart2;
-  if (sc.t_slots > 0) {
-    cpart1 = at::empty({sc.t_slots, H, p.F}, fo);
-    cpart2 = at::empty({sc.t_slots, H}, fo);
-    p.part1 = cpart1.data_ptr<float>();
-    p.part2 = cpart2.data_ptr<float>();
-  }
-  const bool t_split = sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0;
-  if (p.num_items > 0) {
-    bwd_col_kernel<GAT, T, I, VEC, kColAtomic><<<l.grid, kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  if (t_split && p.d_val) {
-    merge_sum_kernel<T, I><<<(unsigned)(sc.t_merge.size(0) * H), kMergeThreads, 0, stream>>>(
-        sc.t_merge.data_ptr<I>(), sc.t_merge.size(0), H, p.F, p.part1, p.d_val, p.ldg_val);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  const ColSlots cs = gat_col_pass<kColAtomic, T, I, VEC>(p, sc, Ns, fo, stream);
   // ---- per destination row: eps = D - X (over D), d_dst
   if (NH > 0) {
     bwd_gat_eps_kernel<T, I><<<(unsigned)((NH + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
@@ -396,7 +393,7 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // ---- per source column: d_src's correction (split columns: into their slots, merged)
-  gat_src_pass<T, I, true>(p, sc, t_split, stream);
+  gat_src_pass<T, I, true>(p, sc, cs.split, stream);
 }
 
 template <int KIND, typename T, typename I, int VEC>
@@ -415,8 +412,6 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   // bwd_gat_single_gather; the other kinds two (g and pd)
   constexpr bool kSingle = KIND == GAT;
   const bool gat_single = kSingle && p.H <= 32;
-  const bool recompute =
-      E > 0 && recompute_backward(E * p.H * (gat_single || kPackedEdges<T> ? 4 : 8));
   at::Tensor delta, ds, pd;
   p.d_dst = mptr<T>(o.d_dst); p.d_src = mptr<T>(o.d_src); p.d_val = mptr<T>(o.d_val);
   p.d_edge = mptr<T>(o.d_edge);
@@ -437,6 +432,11 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
       bwd_gat_atomic<T, I, VEC>(p, sc, Nd, Ns, fo, bi, fa, stream);
       return;
     }
+  }
+  // (after GAT's atomic mode, which needs no device statistics)
+  const bool recompute =
+      E > 0 && recompute_backward(E * p.H * (gat_single || kPackedEdges<T> ? 4 : 8));
+  if constexpr (kSingle) {
     if (gat_single && !recompute) {
       ds = at::empty({E, p.H}, fo);
       p.ds = mptr<float>(ds);
@@ -501,8 +501,11 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (KIND == GATV2) {
-    if (p.num_items > 0) o.d_att.copy_(att_part.sum(0));
-    else o.d_att.zero_();
+    // (summed straight into d_att where it is fp32: no copy)
+    if (p.num_items == 0) o.d_att.zero_();
+    else if (o.d_att.scalar_type() == at::kFloat && o.d_att.is_contiguous())
+      at::sum_out(o.d_att, att_part, {0});
+    else o.d_att.copy_(att_part.sum(0));
   }
 
   // ---- column pass (source side, transposed CSR)

@@ -385,7 +385,8 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
         (kind != 1 && f.val.defined()) ? at::empty(f.val.sizes(), f.val.options()) : empty();
   }
   o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty();
-  o.d_att = f.att.defined() ? at::empty_like(f.att) : empty();
+  // (GAT's bias gradient is made below, in the caller's width)
+  o.d_att = f.att.defined() && kind != 0 ? at::empty_like(f.att) : empty();
   if (kind == 0) {
     bwd_gat(g, f, s, bi, o);
     if (f.att.defined()) {   // the output bias: a column sum of grad_out, as a GEMV
