@@ -114,3 +114,33 @@ def test_dot_value_width_differs_from_key_width():
         rs = torch.autograd.grad(out_r, ref, go)
         for a, b in zip(gs, rs):
             torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gatv2", "dot"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_tensor_on_two_sides_of_a_padded_call(kind, dtype):
+    """One tensor given as two inputs of a width the op pads (8 x 19 -> 20):
+    GATv2 with x_l = x_r (``share_weights``), dot attention with q = k.  The
+    output and the gradient equal those of two separate copies of the tensor
+    (the same kernels on the same numbers; autograd adds the two sides'
+    gradients as below)."""
+    from pyg_dfgnn import ops
+    n, heads, feat = 300, 8, 19
+    gen = torch.Generator().manual_seed(7)
+    ei = random_graph(n, n, 3000, super_node=(900, 5), generator=gen)
+    g = get_graph(ei.cuda(), (n, n))
+    x = torch.randn(n, heads, feat, generator=gen).to("cuda", dtype).requires_grad_(True)
+    x1, x2 = (x.detach().clone().requires_grad_(True) for _ in range(2))
+    if kind == "gatv2":
+        att = torch.randn(heads, feat, generator=gen).to("cuda", dtype)
+        out, _ = ops.gatv2_attention(g, x, x, att)
+        ref, _ = ops.gatv2_attention(g, x1, x2, att)
+    else:
+        v = torch.randn(n, heads, feat, generator=gen).to("cuda", dtype)
+        out, _ = ops.dot_attention(g, x, x, v)
+        ref, _ = ops.dot_attention(g, x1, x2, v)
+    assert torch.equal(out, ref)
+    gout = torch.randn(out.shape, generator=gen).to("cuda", dtype)
+    (dx,) = torch.autograd.grad(out, (x,), gout)
+    d1, d2 = torch.autograd.grad(ref, (x1, x2), gout)
+    assert torch.equal(dx, d1 + d2) or torch.equal(dx, d2 + d1)
