@@ -44,17 +44,47 @@ log = logging.getLogger("pyg_dfgnn")
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
 CPU_DIR = Path(__file__).resolve().parent.parent / "cpu"
-_lock = threading.Lock()
-_module = None
-_error: Optional[BaseException] = None
-_cpu_lock = threading.Lock()
-_cpu_module = None
-_cpu_error: Optional[BaseException] = None
 _cpu_warned = False
 
 
 class BuildError(RuntimeError):
     """The CUDA extension could not be built or loaded."""
+
+
+class _Once:
+    """One build-and-load attempt per process (thread-safe): the loaded module,
+    or the error of the one attempt, raised again as a :class:`BuildError` on
+    every later call."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.module = None
+        self.error: Optional[BaseException] = None
+
+    def get(self, build, failed):
+        """``build()``'s module (built once); a :class:`BuildError` it raises
+        is remembered and re-raised, any other exception ``e`` becomes
+        ``failed(e)`` (a :class:`BuildError` naming the cause)."""
+        if self.module is not None:
+            return self.module
+        with self.lock:
+            if self.module is not None:
+                return self.module
+            if self.error is not None:
+                raise BuildError(str(self.error)) from self.error
+            try:
+                self.module = build()
+            except BuildError as e:
+                self.error = e
+                raise
+            except Exception as e:  # compiler errors etc.
+                self.error = e
+                raise failed(e) from e
+        return self.module
+
+
+_cuda = _Once()
+_cpu = _Once()
 
 
 def sources():
@@ -241,59 +271,47 @@ def _pip_cuda_flags():
 
 def load(verbose: bool = False):
     """Build (if needed) and load the extension; returns the module."""
-    global _module, _error
-    if _module is not None:
-        return _module
-    with _lock:
-        if _module is not None:
-            return _module
-        if _error is not None:
-            raise BuildError(str(_error)) from _error
-        try:
-            _check_cuda()
-            pre = _load_prebuilt()
-            if pre is not None:
-                _module = pre
-                return _module
-            _check_toolchain()
-            from torch.utils.cpp_extension import load as _load
-            build_dir = cache_dir()
-            build_dir.mkdir(parents=True, exist_ok=True)
-            arch = _arch()
-            fresh = not any(build_dir.glob("*.so"))
-            if fresh:
-                print(f"pyg_dfgnn: compiling CUDA kernels for sm_{arch} into {build_dir} "
-                      "(first use only, about a minute)...", file=sys.stderr, flush=True)
-            t0 = time.time()
-            flags = ["-O3", "-std=c++17", "-lineinfo",
-                     f"-gencode=arch=compute_{arch},code=sm_{arch}",
-                     "--expt-relaxed-constexpr"]
-            # developer tuning only (e.g. -DDFGNN_FWD_BLOCKS=3); use a separate
-            # PYG_DFGNN_CACHE per flag set
-            flags += os.environ.get("PYG_DFGNN_NVCC_EXTRA", "").split()
-            pip_inc, pip_ld = _pip_cuda_flags()
-            _module = _load(name="pyg_dfgnn_C", sources=[str(s) for s in sources()],
-                            extra_cflags=["-O3", "-std=c++17"] + pip_inc,
-                            extra_cuda_cflags=flags + pip_inc, extra_ldflags=pip_ld,
-                            build_directory=str(build_dir), verbose=verbose,
-                            with_cuda=True, is_python_module=False)
-            # the library registers torch.ops.dfgnn_C.* (TORCH_LIBRARY); no Python module
-            _module = torch.ops.dfgnn_C
-            _set_origin(f"jit {build_dir}")
-            if fresh:
-                print(f"pyg_dfgnn: CUDA kernels built in {time.time() - t0:.1f}s",
-                      file=sys.stderr, flush=True)
-        except BuildError as e:
-            _error = e
-            raise
-        except Exception as e:  # compiler errors etc.
-            _error = e
-            raise BuildError(f"pyg_dfgnn: building the CUDA extension failed: {e}") from e
-    return _module
+    return _cuda.get(lambda: _build_cuda(verbose), lambda e: BuildError(
+        f"pyg_dfgnn: building the CUDA extension failed: {e}"))
+
+
+def _build_cuda(verbose: bool):
+    _check_cuda()
+    pre = _load_prebuilt()
+    if pre is not None:
+        return pre
+    _check_toolchain()
+    from torch.utils.cpp_extension import load as _load
+    build_dir = cache_dir()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    arch = _arch()
+    fresh = not any(build_dir.glob("*.so"))
+    if fresh:
+        print(f"pyg_dfgnn: compiling CUDA kernels for sm_{arch} into {build_dir} "
+              "(first use only, about a minute)...", file=sys.stderr, flush=True)
+    t0 = time.time()
+    flags = ["-O3", "-std=c++17", "-lineinfo",
+             f"-gencode=arch=compute_{arch},code=sm_{arch}",
+             "--expt-relaxed-constexpr"]
+    # developer tuning only (e.g. -DDFGNN_FWD_BLOCKS=3); use a separate
+    # PYG_DFGNN_CACHE per flag set
+    flags += os.environ.get("PYG_DFGNN_NVCC_EXTRA", "").split()
+    pip_inc, pip_ld = _pip_cuda_flags()
+    _load(name="pyg_dfgnn_C", sources=[str(s) for s in sources()],
+          extra_cflags=["-O3", "-std=c++17"] + pip_inc,
+          extra_cuda_cflags=flags + pip_inc, extra_ldflags=pip_ld,
+          build_directory=str(build_dir), verbose=verbose,
+          with_cuda=True, is_python_module=False)
+    # the library registers torch.ops.dfgnn_C.* (TORCH_LIBRARY); no Python module
+    _set_origin(f"jit {build_dir}")
+    if fresh:
+        print(f"pyg_dfgnn: CUDA kernels built in {time.time() - t0:.1f}s",
+              file=sys.stderr, flush=True)
+    return torch.ops.dfgnn_C
 
 
 def is_built() -> bool:
-    return _module is not None
+    return _cuda.module is not None
 
 
 _origin: Optional[str] = None
@@ -490,52 +508,44 @@ def load_cpu(verbose: bool = False):
     Raises :class:`BuildError` naming the cause when it cannot be built (the
     error is remembered: one attempt per process).
     """
-    global _cpu_module, _cpu_error
-    if _cpu_module is not None:
-        return _cpu_module
-    with _cpu_lock:
-        if _cpu_module is not None:
-            return _cpu_module
-        if _cpu_error is not None:
-            raise BuildError(str(_cpu_error)) from _cpu_error
-        try:
-            if not cpu_sources():
-                raise BuildError(f"pyg_dfgnn: CPU sources not found in {CPU_DIR}; install "
-                                 "the package from its source checkout (pip install -e .)")
-            import shutil
-            cxx = os.environ.get("CXX", "c++")
-            if shutil.which(cxx) is None:
-                raise BuildError(f"pyg_dfgnn: no C++ compiler found ({cxx!r} is not on PATH; "
-                                 "set CXX or install g++/clang++)")
-            from torch.utils.cpp_extension import load as _load
-            build_dir = cpu_cache_dir()
-            build_dir.mkdir(parents=True, exist_ok=True)
-            fresh = not any(build_dir.glob("*.so"))
-            if fresh:
-                print(f"pyg_dfgnn: compiling CPU kernels into {build_dir} (first use only)...",
-                      file=sys.stderr, flush=True)
-            t0 = time.time()
-            cflags, ldflags = _cpu_flags()
-            _load(name="pyg_dfgnn_cpu", sources=[str(s) for s in cpu_sources()],
-                  extra_cflags=cflags, extra_ldflags=ldflags,
-                  build_directory=str(build_dir), verbose=verbose, with_cuda=False,
-                  is_python_module=False)
-            # the library registers torch.ops.dfgnn_cpu.* (TORCH_LIBRARY)
-            _cpu_module = torch.ops.dfgnn_cpu
-            if fresh:
-                print(f"pyg_dfgnn: CPU kernels built in {time.time() - t0:.1f}s",
-                      file=sys.stderr, flush=True)
-        except BuildError as e:
-            _cpu_error = e
-            raise
-        except Exception as e:  # no compiler, compiler errors, ...
-            _cpu_error = e
-            log.debug("pyg_dfgnn: CPU extension build error", exc_info=True)
-            msg = " ".join(str(e).split()) or type(e).__name__
-            if len(msg) > 400:
-                msg = msg[:400] + " ..."
-            raise BuildError(f"pyg_dfgnn: building the CPU extension failed: {msg}") from e
-    return _cpu_module
+    return _cpu.get(lambda: _build_cpu(verbose), _cpu_build_failed)
+
+
+def _cpu_build_failed(e: BaseException) -> BuildError:
+    log.debug("pyg_dfgnn: CPU extension build error", exc_info=e)
+    msg = " ".join(str(e).split()) or type(e).__name__
+    if len(msg) > 400:
+        msg = msg[:400] + " ..."
+    return BuildError(f"pyg_dfgnn: building the CPU extension failed: {msg}")
+
+
+def _build_cpu(verbose: bool):
+    if not cpu_sources():
+        raise BuildError(f"pyg_dfgnn: CPU sources not found in {CPU_DIR}; install "
+                         "the package from its source checkout (pip install -e .)")
+    import shutil
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise BuildError(f"pyg_dfgnn: no C++ compiler found ({cxx!r} is not on PATH; "
+                         "set CXX or install g++/clang++)")
+    from torch.utils.cpp_extension import load as _load
+    build_dir = cpu_cache_dir()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    fresh = not any(build_dir.glob("*.so"))
+    if fresh:
+        print(f"pyg_dfgnn: compiling CPU kernels into {build_dir} (first use only)...",
+              file=sys.stderr, flush=True)
+    t0 = time.time()
+    cflags, ldflags = _cpu_flags()
+    _load(name="pyg_dfgnn_cpu", sources=[str(s) for s in cpu_sources()],
+          extra_cflags=cflags, extra_ldflags=ldflags,
+          build_directory=str(build_dir), verbose=verbose, with_cuda=False,
+          is_python_module=False)
+    if fresh:
+        print(f"pyg_dfgnn: CPU kernels built in {time.time() - t0:.1f}s",
+              file=sys.stderr, flush=True)
+    # the library registers torch.ops.dfgnn_cpu.* (TORCH_LIBRARY)
+    return torch.ops.dfgnn_cpu
 
 
 def cpu_ops():
@@ -544,8 +554,8 @@ def cpu_ops():
     global _cpu_warned
     if not cpu_kernels_enabled():
         return None
-    if _cpu_module is not None:
-        return _cpu_module
+    if _cpu.module is not None:
+        return _cpu.module
     try:
         return load_cpu()
     except BuildError as e:
@@ -560,4 +570,4 @@ def cpu_ops():
 
 
 def is_cpu_built() -> bool:
-    return _cpu_module is not None
+    return _cpu.module is not None

@@ -66,8 +66,8 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setenv("PYG_DFGNN_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("PYG_DFGNN_PREBUILT", raising=False)
-    for name, value in (("_module", None), ("_error", None), ("_origin", None)):
-        monkeypatch.setattr(_build, name, value)
+    monkeypatch.setattr(_build, "_cuda", _build._Once())   # (a fresh process's loader)
+    monkeypatch.setattr(_build, "_origin", None)
     loaded = []
     monkeypatch.setattr(torch.ops, "load_library", lambda p: loaded.append(p))
 
@@ -123,7 +123,7 @@ def test_prebuilt_without_record_or_disabled(fake_gpu, monkeypatch):
         with pytest.raises(_build.BuildError, match="JIT build attempted"):
             _build.load()
     write_info()
-    monkeypatch.setattr(_build, "_error", None)
+    monkeypatch.setattr(_build._cuda, "error", None)
     monkeypatch.setenv("PYG_DFGNN_PREBUILT", "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
