@@ -86,3 +86,15 @@ class ConfusionCounter:
 
     def metric(self, name: str) -> float:
         return self.mean_class_acc() if name == "mean_class_acc" else self.acc()
+
+
+def pass_summary(loss_sum: Tensor, counter: ConfusionCounter, metric_name: str,
+                 **extra) -> dict:
+    """A pass's ``{"loss", "metric", **extra}`` over all (DDP) ranks, from its
+    ``loss_sum = [sum of losses, their weight]`` and confusion counter (both
+    all-reduced here, in place)."""
+    from . import distributed as D
+    D.all_reduce_sum(loss_sum)
+    counter.all_reduce()
+    return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)),
+            "metric": counter.metric(metric_name), **extra}

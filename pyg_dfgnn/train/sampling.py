@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from . import distributed as D
-from .metrics import ConfusionCounter
+from .metrics import ConfusionCounter, pass_summary
 
 __all__ = ["TorchNeighborSampler", "sample_neighbors", "seed_shard", "make_loader",
            "DeviceNeighborSampler", "DeviceNeighborLoader", "sample_neighbors_device",
@@ -898,11 +898,8 @@ class SampledNodeTraining:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if bar is not loader:
             bar.close()
-        D.all_reduce_sum(loss_sum)
-        counter.all_reduce()
-        return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)),
-                "metric": counter.metric(run.metric_name), "steps": steps,
-                "steps_full": steps_full, "first_batch_s": first_batch_s}
+        return pass_summary(loss_sum, counter, run.metric_name, steps=steps,
+                            steps_full=steps_full, first_batch_s=first_batch_s)
 
     @torch.no_grad()
     def evaluate(self, split: str) -> Dict[str, float]:

@@ -42,7 +42,7 @@ from ..data.cache import atomic_torch_save, atomic_write, short_error
 from ..ops.fused import backward_mode
 from . import distributed as D
 from .config import ConfigError, TrainConfig, check_environment, config_to_dict
-from .metrics import ConfusionCounter, weighted_cross_entropy
+from .metrics import ConfusionCounter, pass_summary, weighted_cross_entropy
 from .models import build_model, count_parameters
 
 __all__ = ["train", "environment_info", "TrainingError", "TrainingDiverged",
@@ -619,11 +619,8 @@ class _Run:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if bar is not None:
             bar.close()
-        D.all_reduce_sum(loss_sum)
-        counter.all_reduce()
-        return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)),
-                "metric": counter.metric(self.metric_name), "steps": steps,
-                "steps_full": steps_full}
+        return pass_summary(loss_sum, counter, self.metric_name, steps=steps,
+                            steps_full=steps_full)
 
     @torch.no_grad()
     def eval_graphs(self, ds) -> Dict[str, float]:
@@ -646,10 +643,7 @@ class _Run:
             loss_sum[0] += loss.double()
             loss_sum[1] += 1
             counter.update(out, y)
-        D.all_reduce_sum(loss_sum)
-        counter.all_reduce()
-        return {"loss": float(loss_sum[0] / loss_sum[1].clamp(min=1)),
-                "metric": counter.metric(self.metric_name)}
+        return pass_summary(loss_sum, counter, self.metric_name)
 
     def train_epoch_full(self, epoch: int) -> Dict[str, float]:
         # full batch: every rank computes the same step (DDP just replicates)
