@@ -283,6 +283,28 @@ def check_formats(pyg_cls: type, our_cls: type, device: str, fmt: str, edge_dim,
                       device=device)
 
 
+def dropout_runs(conv: torch.nn.Module, max_err: float):
+    """A layer built with attention dropout 0.5 on a small float64 graph: in
+    training its outputs are random (two calls differ) and unbiased (the mean
+    of 150 calls is within ``max_err`` of the eval output, relative).  Returns
+    ``(x, edge_index, eval output, eval weights, weights of one training call)``
+    for the layer's own checks of the returned weights."""
+    torch.manual_seed(0)
+    ei = random_edge_index(N, N, 60, seed=9)
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    conv = conv.double().eval()
+    expect, (_, alpha_eval) = conv(x, ei, return_attention_weights=True)
+    conv.train()
+    with torch.no_grad():
+        outs = torch.stack([conv(x, ei) for _ in range(150)])
+        _, (_, alpha1) = conv(x, ei, return_attention_weights=True)
+    assert not torch.allclose(outs[0], outs[1])
+    assert not torch.allclose(outs[0], expect)
+    err = (outs.mean(0) - expect).abs().mean() / expect.abs().mean()
+    assert err < max_err, err
+    return x, ei, expect, alpha_eval, alpha1
+
+
 def check_state_dict_round_trip(pyg_cls: type, our_cls: type, **kw):
     """Our layer has PyG's ``state_dict`` keys and ``repr``, loads PyG's
     weights, and PyG's layer loads ours back unchanged."""
