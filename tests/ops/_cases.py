@@ -71,6 +71,19 @@ def make_inputs(kind, num_src, num_dst, num_edges, heads, feat, dtype, device, e
                 att=None)
 
 
+def graph_case(kind, num_src, num_dst, num_edges, heads, feat, dtype=torch.float64,
+               edge=False):
+    """A CPU case: a random graph, its :func:`~pyg_dfgnn.graph.get_graph` and
+    inputs of ``kind`` that require grad: ``(edge_index, graph, inputs)``."""
+    from pyg_dfgnn.graph import get_graph
+    ei = random_graph(num_src, num_dst, num_edges)
+    g = get_graph(ei, (num_src, num_dst))
+    inp = make_inputs(kind, num_src, num_dst, ei.size(1), heads, feat, dtype, "cpu", edge)
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    return ei, g, inp
+
+
 def call(kind, graph, inp, dropout=0.0, return_alpha=False, scale=None):
     from pyg_dfgnn import ops
     if kind == GAT:

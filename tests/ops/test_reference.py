@@ -4,7 +4,7 @@ import torch
 
 from pyg_dfgnn.graph import get_graph
 from pyg_dfgnn.ops import reference as R
-from _cases import KINDS, call, leaves, make_inputs, random_graph
+from _cases import KINDS, call, graph_case, leaves, make_inputs, random_graph
 
 
 def naive(kind, ei, nd, inp, keep=None, scale=None):
@@ -36,11 +36,7 @@ def test_forward_matches_naive(kind, edge, bipartite):
 @pytest.mark.parametrize("edge", [False, True])
 def test_gradcheck(kind, edge):
     k = KINDS[kind]
-    ei = random_graph(6, 5, 14)
-    g = get_graph(ei, (6, 5))
-    inp = make_inputs(k, 6, 5, ei.size(1), 2, 2, torch.float64, "cpu", edge)
-    for v in leaves(inp):
-        v.requires_grad_(True)
+    _, g, inp = graph_case(k, 6, 5, 14, 2, 2, edge=edge)
     names = [n for n, v in inp.items() if v is not None]
 
     def fn(*ts):
@@ -53,11 +49,7 @@ def test_gradcheck(kind, edge):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_explicit_backward_matches_autograd_of_naive(kind):
     k = KINDS[kind]
-    ei = random_graph(20, 20, 90)
-    g = get_graph(ei, (20, 20))
-    inp = make_inputs(k, 20, 20, ei.size(1), 2, 4, torch.float64, "cpu", True)
-    for v in leaves(inp):
-        v.requires_grad_(True)
+    ei, g, inp = graph_case(k, 20, 20, 90, 2, 4, edge=True)
     out = call(k, g, inp)[0]
     gout = torch.randn_like(out)
     grads = torch.autograd.grad(out, leaves(inp), gout)
@@ -89,11 +81,7 @@ def test_dropout_mask_is_reproducible_and_unbiased():
 
 
 def test_dropout_gradcheck():
-    ei = random_graph(6, 6, 14)
-    g = get_graph(ei, (6, 6))
-    inp = make_inputs(R.DOT, 6, 6, ei.size(1), 2, 2, torch.float64, "cpu", True)
-    for v in leaves(inp):
-        v.requires_grad_(True)
+    _, g, inp = graph_case(R.DOT, 6, 6, 14, 2, 2, edge=True)
 
     def fn(q, k, v, e):
         torch.manual_seed(7)
