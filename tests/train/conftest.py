@@ -27,6 +27,21 @@ def tiny_args(tmp_path):
     return make
 
 
+@pytest.fixture
+def fused_dtypes(monkeypatch):
+    """The dtypes of the source features of every fused attention call
+    (``pyg_dfgnn.ops.fused.attention_on``) made while the test runs."""
+    import pyg_dfgnn.ops.fused as fused
+    seen = []
+    orig = fused.attention_on
+
+    def spy(kind, *args):
+        seen.append(args[3].dtype)  # src_feat (after graph, plan, dst_feat)
+        return orig(kind, *args)
+    monkeypatch.setattr(fused, "attention_on", spy)
+    return seen
+
+
 def saved_bytes(model, *args, **kwargs) -> int:
     """Bytes of the distinct storages autograd saves for backward in one
     ``model(*args, **kwargs)``."""

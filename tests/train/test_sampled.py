@@ -237,18 +237,11 @@ def test_ddp_two_ranks_sampled(tmp_path):
 
 
 @pytest.mark.skipif(not fused_available(), reason="pyg_dfgnn.nn is not importable")
-def test_sampled_training_honours_precision(tmp_path, monkeypatch):
+def test_sampled_training_honours_precision(tmp_path, fused_dtypes):
     """Sampled training goes through the trainer's optimiser step: precision=bf16
     runs the fused op in bf16 in training and evaluation (it ran fp32 before)."""
-    import pyg_dfgnn.ops.fused as fused
     from pyg_dfgnn.train.cli import main
-    seen = []
-    orig = fused.attention_on
-
-    def spy(kind, *args):
-        seen.append(args[3].dtype)  # src_feat (after graph, plan, dst_feat)
-        return orig(kind, *args)
-    monkeypatch.setattr(fused, "attention_on", spy)
+    seen = fused_dtypes
     out = tmp_path / "run"
     assert main([str(CONFIGS / "cora_gat_sampled_quick.yaml")] + TINY_SAMPLED
                 + ["backend=fused", "epochs=1", "precision=bf16", f"out_dir={out}",

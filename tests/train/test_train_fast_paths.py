@@ -93,15 +93,8 @@ def test_no_preparation_without_workers(tmp_path, tiny_args, capsys):
     assert G.cache_info()["misses"] > 0
 
 
-def test_bf16_autocast_runs_the_fused_op_in_bf16(tmp_path, tiny_args, monkeypatch):
-    import pyg_dfgnn.ops.fused as fused
-    seen = []
-    orig = fused.attention_on
-
-    def spy(kind, *args):
-        seen.append(args[3].dtype)  # src_feat (after graph, plan, dst_feat)
-        return orig(kind, *args)
-    monkeypatch.setattr(fused, "attention_on", spy)
+def test_bf16_autocast_runs_the_fused_op_in_bf16(tmp_path, tiny_args, fused_dtypes):
+    seen = fused_dtypes
     assert main(tiny_args("epochs=1", "precision=bf16", "backend=fused")) == 0
     r = _results(tmp_path / "run")
     assert r["training"]["precision"] == "bf16" and r["training"]["autocast_dtype"] == "bfloat16"
