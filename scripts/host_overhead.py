@@ -67,39 +67,50 @@ def layers(width: int, heads: int):
 # --------------------------------------------------------------------------- #
 
 def host_times(conv, x, ei, calls: int, rounds: int = 1):
-    """(forward us, backward us) of host time per call, GPU queue kept busy:
-    the least of ``rounds`` timed loops each (a loop's mean moved by up to 2x
-    between loops on one H200 start, session 27: the minimum is the host cost
-    without the machine's interruptions)."""
+    """``(forward us, backward us, forward CPU us, backward CPU us)`` of host
+    time per call, GPU queue kept busy: the least of ``rounds`` timed loops
+    each, as wall time and as the CPU time of the process (all threads: the
+    backward of CUDA tensors runs on autograd's device thread).  A loop's wall
+    mean moved by up to 2x between loops and processes on one H200 start
+    (session 27); the CPU time does not count the time the process is not
+    running."""
     def burn():  # a few ms of GPU work so the queue is never empty while timing
-        a = torch.empty(4096, 4096, device=x.device)
+        a = torch.empty(BURN_N, BURN_N, device=x.device)
         for _ in range(8):
             a = a @ a.T
             a = a / a.norm()
 
-    def loop(timed: bool):
+    def timed(fn):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        return ((time.perf_counter() - t0) / calls * 1e6,
+                (time.process_time() - c0) / calls * 1e6)
+
+    def loop():
         outs = []
         torch.cuda.synchronize()
         burn()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            outs.append(conv(x, ei))
-        fwd = (time.perf_counter() - t0) / calls * 1e6
+        fwd = timed(lambda: outs.extend(conv(x, ei) for _ in range(calls)))
         grads = [torch.ones_like(o) for o in outs]
         torch.cuda.synchronize()
         burn()
-        t0 = time.perf_counter()
-        for o, g in zip(outs, grads):
-            o.backward(g)
-        bwd = (time.perf_counter() - t0) / calls * 1e6
+
+        def backward():
+            for o, g in zip(outs, grads):
+                o.backward(g)
+        bwd = timed(backward)
         torch.cuda.synchronize()
-        return fwd, bwd
+        return fwd[0], bwd[0], fwd[1], bwd[1]
 
     for _ in range(3):  # warm-up (caches, plans)
         conv(x, ei).sum().backward()
-    loop(False)         # warm-up of the allocator: the blocks of `calls` live calls
-    times = [loop(True) for _ in range(rounds)]
-    return min(t[0] for t in times), min(t[1] for t in times)
+    loop()              # warm-up of the allocator: the blocks of `calls` live calls
+    times = [loop() for _ in range(rounds)]
+    return tuple(min(t[i] for t in times) for i in range(4))
+
+
+#: the side of the square matrices whose products keep the GPU busy while timing
+BURN_N = 4096
 
 
 def profile_top(fn, calls: int, top: int, sync) -> str:
@@ -178,18 +189,20 @@ def main_gpu(a):
         torch.manual_seed(0)
         mine, theirs = mine.to(dev, dt).train(), theirs.to(dev, dt).train()
         theirs.load_state_dict(mine.state_dict())
-        f1, b1 = host_times(mine, x, ei, a.calls, a.rounds)
-        f2, b2 = host_times(theirs, x, ei, a.calls, a.rounds)
-        print(f"{name:6s} fused: forward {f1:6.1f} us, backward {b1:6.1f} us | "
-              f"pyg: forward {f2:6.1f} us, backward {b2:6.1f} us", flush=True)
+        f1, b1, cf1, cb1 = host_times(mine, x, ei, a.calls, a.rounds)
+        f2, b2, cf2, cb2 = host_times(theirs, x, ei, a.calls, a.rounds)
+        print(f"{name:6s} fused: forward {f1:6.1f} us, backward {b1:6.1f} us "
+              f"(CPU {cf1:6.1f} / {cb1:6.1f}) | pyg: forward {f2:6.1f} us, backward "
+              f"{b2:6.1f} us (CPU {cf2:6.1f} / {cb2:6.1f})", flush=True)
         if a.top:
             print(profile_top(lambda: mine(x, ei), a.calls, a.top, torch.cuda.synchronize))
         if a.profile:
             print(profile_ops(mine, x, ei, a.calls, a.profile))
     floor = _Floor(a.width).to(dev, dt).train()
-    f0, b0 = host_times(floor, x, ei, a.calls, a.rounds)
+    f0, b0, cf0, cb0 = host_times(floor, x, ei, a.calls, a.rounds)
     print(f"{'floor':6s} torch.nn.Linear({a.width}, {a.width}): forward {f0:6.1f} us, "
-          f"backward {b0:6.1f} us (one GEMM: the host cost of the smallest layer)", flush=True)
+          f"backward {b0:6.1f} us (CPU {cf0:6.1f} / {cb0:6.1f}; one GEMM: the host cost of "
+          f"the smallest layer)", flush=True)
 
 
 # --------------------------------------------------------------------------- #
