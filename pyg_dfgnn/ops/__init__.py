@@ -61,12 +61,11 @@ def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = (),
     ``same_dtype`` (default: all) must share one dtype.
     Returns the sizes bound to the non-row symbols.
 
-    (Runs on every layer call: the graph's device and row counts are read once
-    per call, not per argument and dimension: 4.5 -> 3.2 us for GAT's four
-    arguments on the development CPU, docs/KERNELS.md session 27.)"""
+    (Runs on every layer call: the graph's device is read once per call, not
+    per argument: 4.5 -> 3.2 us for GAT's four arguments on the development
+    CPU, docs/KERNELS.md session 27.)"""
     _check_graph(graph)
     bound: Dict[str, Tuple[int, str]] = {}
-    rows: Dict[str, Any] = {}
     device = graph.device
     first_name: Optional[str] = None
     first_dtype: Optional[torch.dtype] = None
@@ -89,8 +88,7 @@ def _check_inputs(graph: CSRGraph, *specs, optional: Tuple[str, ...] = (),
             row = _ROWS.get(sym)
             if row is not None:
                 attr = row[0]
-                want = rows[attr] if attr in rows else rows.setdefault(attr,
-                                                                       getattr(graph, attr))
+                want = getattr(graph, attr)
                 if want is not None and n != want:  # (GraphRef: edges unknown with loops)
                     raise ValueError(
                         f"'{name}' has {n} rows but the graph has {want} {row[1]} "
