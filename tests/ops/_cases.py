@@ -72,13 +72,15 @@ def make_inputs(kind, num_src, num_dst, num_edges, heads, feat, dtype, device, e
 
 
 def graph_case(kind, num_src, num_dst, num_edges, heads, feat, dtype=torch.float64,
-               edge=False):
-    """A CPU case: a random graph, its :func:`~pyg_dfgnn.graph.get_graph` and
-    inputs of ``kind`` that require grad: ``(edge_index, graph, inputs)``."""
+               edge=False, device="cpu", generator=None):
+    """A case: a random graph (drawn with ``generator``), its
+    :func:`~pyg_dfgnn.graph.get_graph` on ``device`` and inputs of ``kind``
+    there that require grad (drawn from the global generator):
+    ``(edge_index, graph, inputs)``."""
     from pyg_dfgnn.graph import get_graph
-    ei = random_graph(num_src, num_dst, num_edges)
+    ei = random_graph(num_src, num_dst, num_edges, generator=generator).to(device)
     g = get_graph(ei, (num_src, num_dst))
-    inp = make_inputs(kind, num_src, num_dst, ei.size(1), heads, feat, dtype, "cpu", edge)
+    inp = make_inputs(kind, num_src, num_dst, ei.size(1), heads, feat, dtype, device, edge)
     for v in leaves(inp):
         v.requires_grad_(True)
     return ei, g, inp

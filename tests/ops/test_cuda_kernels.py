@@ -12,7 +12,7 @@ import torch
 from pyg_dfgnn import schedule
 from pyg_dfgnn.graph import get_graph
 from pyg_dfgnn.ops import reference as R
-from _cases import KINDS, call, leaves, make_inputs, op_args, random_graph
+from _cases import KINDS, call, graph_case, leaves, make_inputs, op_args, random_graph
 
 pytestmark = pytest.mark.cuda
 # fp16/bf16: about 4 unit roundoffs (bf16 u = 2**-8).  The backward takes
@@ -195,12 +195,7 @@ def test_backward_modes_agree(kind, feat, dtype, dropout, split, monkeypatch):
         monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
         check(kind, ei, 150, 150, 3, feat, dtype, edge=True, dropout=dropout, seed=feat,
               split=split)
-        torch.manual_seed(7)
-        with schedule.override(split=split):
-            out = call(k, g, inp, dropout)[0]
-            gout = torch.ones_like(out).uniform_(-1, 1, generator=torch.Generator("cuda").manual_seed(3))
-            poison()
-            grads[mode] = torch.autograd.grad(out, leaves(inp), gout)
+        grads[mode], gout = _seeded_grads(k, g, inp, dropout, split)
     delta_err = (_gat_delta_bounds(k, g, inp, gout, dropout, feat, dtype) if k == R.GAT
                  else None)
     for n, (a, b) in enumerate(zip(grads["store"], grads["recompute"])):
@@ -221,6 +216,18 @@ def test_backward_modes_agree(kind, feat, dtype, dropout, split, monkeypatch):
             # flip that intermediate rounding
             tol = tol + 2 * _unit(dtype) * b.abs().max().item()
         torch.testing.assert_close(a, b, rtol=0, atol=tol)
+
+
+def _seeded_grads(k, g, inp, dropout, split):
+    """``(gradients of the leaves of inp, gout)`` of one call with dropout seed
+    7 and schedule split ``split`` under a fixed uniform(-1, 1) output gradient
+    (the same numbers for every backward mode a test compares)."""
+    torch.manual_seed(7)
+    with schedule.override(split=split):
+        out = call(k, g, inp, dropout)[0]
+        gout = torch.ones_like(out).uniform_(-1, 1, generator=torch.Generator("cuda").manual_seed(3))
+        poison()
+        return torch.autograd.grad(out, leaves(inp), gout), gout
 
 
 def _unit(dtype):
@@ -320,12 +327,7 @@ def test_gat_atomic_agrees_with_store(kind, dropout, split, monkeypatch):
     grads = {}
     for mode in ("store", "auto"):
         monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
-        torch.manual_seed(7)
-        with schedule.override(split=split):
-            out = call(k, g, inp, dropout)[0]
-            gout = torch.ones_like(out).uniform_(-1, 1, generator=torch.Generator("cuda").manual_seed(3))
-            poison()
-            grads[mode] = torch.autograd.grad(out, leaves(inp), gout)
+        grads[mode], gout = _seeded_grads(k, g, inp, dropout, split)
     delta_err = _gat_delta_bounds(k, g, inp, gout, dropout, 24, torch.float32)
     for n, (a, b) in enumerate(zip(grads["auto"], grads["store"])):
         tol = 16 * 2.0 ** -24 * b.abs().max().item() + 3 * delta_err[n] \
@@ -377,11 +379,8 @@ def test_gat_backward_memory_and_determinism(kind, monkeypatch):
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "auto")
     N, E, H, F = 2000, 1_000_000, 8, 8
     k = KINDS[kind]
-    ei = random_graph(N, N, E, generator=torch.Generator().manual_seed(5))
-    g = get_graph(ei.cuda(), (N, N))
-    inp = make_inputs(k, N, N, ei.size(1), H, F, torch.float32, "cuda")
-    for v in leaves(inp):
-        v.requires_grad_(True)
+    _, g, inp = graph_case(k, N, N, E, H, F, torch.float32, device="cuda",
+                           generator=torch.Generator().manual_seed(5))
     gout = torch.randn(N, H, F, device="cuda")
     per_edge_array = E * H * 4
     extra, _ = _backward_extra(k, g, inp, gout)
@@ -458,12 +457,9 @@ def test_forced_backward_mode_overrides_the_env(monkeypatch):
     and ``None`` hands the choice back to it; seen in the per-edge memory."""
     from pyg_dfgnn.ops import backward_mode
     N, E, H, F = 1000, 400_000, 8, 8
-    ei = random_graph(N, N, E, generator=torch.Generator().manual_seed(6))
     k = KINDS["gat"]
-    g = get_graph(ei.cuda(), (N, N))
-    inp = make_inputs(k, N, N, ei.size(1), H, F, torch.float32, "cuda")
-    for v in leaves(inp):
-        v.requires_grad_(True)
+    _, g, inp = graph_case(k, N, N, E, H, F, torch.float32, device="cuda",
+                           generator=torch.Generator().manual_seed(6))
     gout = torch.randn(N, H, F, device="cuda")
     per_edge_array = E * H * 4
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
