@@ -86,4 +86,15 @@ std::tuple<at::Tensor, at::Tensor> gat_logits_bwd(const at::Tensor& x, const at:
 std::tuple<at::Tensor, at::Tensor> stack_pad_heads(at::TensorList ws, at::TensorList bs,
                                                    int64_t heads, int64_t chans, int64_t width);
 
+// The stride of t's rows (its leading dimensions flattened) where they are
+// evenly strided with contiguous columns, what resize_cols takes; else -1
+// (pad_heads.cu)
+int64_t cols_ld(const at::Tensor& t);
+// Up to 8 tensors of one element size and device (each with cols_ld >= 0)
+// with their last dimension set to widths[i] (the first columns kept, zeros
+// beyond), as new contiguous tensors, in one launch (pad_heads.cu): the op pads
+// its feature inputs and unpads their gradients with it (dfgnn_ops.cpp, fit_all)
+std::vector<at::Tensor> resize_cols(const std::vector<at::Tensor>& ins,
+                                    const std::vector<int64_t>& widths);
+
 }  // namespace dfgnn

@@ -134,6 +134,41 @@ at::Tensor fit(const at::Tensor& t, int64_t fp) {
   return t;
 }
 
+// fit() of several tensors to one width fp; the ones that need padding (and
+// whose rows resize_cols takes) are padded in one launch (pad_heads.cu)
+// instead of a constant_pad_nd each (an allocation, a fill and a copy: the
+// host time of a small padded call, docs/KERNELS.md session 27).  A tensor
+// passed twice is padded once.  Null pointers are skipped.
+void fit_all(std::initializer_list<at::Tensor*> ts, int64_t fp) {
+  std::vector<at::Tensor*> dst;
+  std::vector<at::Tensor> ins;
+  std::vector<int64_t> of;   // per entry of dst: its index in ins
+  for (at::Tensor* t : ts) {
+    if (t == nullptr || !t->defined()) continue;
+    if (t->size(-1) == fp || t->numel() == 0 || !t->is_cuda() || cols_ld(*t) < 0) {
+      *t = fit(*t, fp);
+      continue;
+    }
+    int64_t k = -1;
+    for (size_t i = 0; i < ins.size(); ++i)
+      if (ins[i].is_same(*t)) k = static_cast<int64_t>(i);
+    if (k < 0) {
+      if (ins.size() >= 8 || (!ins.empty() && (t->element_size() != ins[0].element_size() ||
+                                               t->device() != ins[0].device()))) {
+        *t = fit(*t, fp);
+        continue;
+      }
+      k = static_cast<int64_t>(ins.size());
+      ins.push_back(*t);
+    }
+    dst.push_back(t);
+    of.push_back(k);
+  }
+  if (ins.empty()) return;
+  const auto outs = resize_cols(ins, std::vector<int64_t>(ins.size(), fp));
+  for (size_t i = 0; i < dst.size(); ++i) *dst[i] = outs[of[i]];
+}
+
 at::Tensor unfit(const at::Tensor& t, int64_t F) {
   return (t.defined() && t.dim() > 0 && t.size(-1) != F) ? t.narrow(-1, 0, F).contiguous() : t;
 }
@@ -172,21 +207,25 @@ struct Layout {
   int64_t F = 0, Fp = 0;
 };
 
-Layout fit_features(int64_t kind, FeatArgs& f) {
+// (extra1 / extra2: more tensors to fit to the kernels' width in the same
+// launch, the backward's stored output and output gradient; may be null)
+Layout fit_features(int64_t kind, FeatArgs& f, at::Tensor* extra1 = nullptr,
+                    at::Tensor* extra2 = nullptr) {
   Layout l;
   const auto dt = f.src.scalar_type();
   if (kind == 0) {  // GAT: only the value rows (and the output bias) are vectors
     l.F = f.val.size(2);
     l.Fp = padded_width(l.F, dt, kind);
-    f.val = fit(f.val, l.Fp);
     // the output bias [H, C]: padded to the kernels' width (vector loads) on
     // GPU-bound calls; on smaller ones a narrower bias (C < Fp, the caller's
     // output width) is read per element as it is, which saves the host time of
     // padding it in forward and backward (its per-element loads made GAT 8 x 19's
     // forward kernel 2-4 % slower on a 1.6M-edge graph, H200, session 25)
-    if (f.att.defined())
-      f.att = (f.att.size(1) == l.Fp || f.val.numel() >= kGpuBoundElements)
-                  ? fit(f.att, l.Fp) : f.att.contiguous();
+    const bool pad_bias = f.att.defined() &&
+        (f.att.size(1) == l.Fp || f.val.numel() / std::max<int64_t>(l.F, 1) * l.Fp >=
+                                      kGpuBoundElements);
+    if (f.att.defined() && !pad_bias) f.att = f.att.contiguous();
+    fit_all({&f.val, pad_bias ? &f.att : nullptr, extra1, extra2}, l.Fp);
   } else {
     // one width for q/k, v, edge and att (they may differ for dot: zero
     // columns change no score)
@@ -196,9 +235,10 @@ Layout fit_features(int64_t kind, FeatArgs& f) {
     l.Fp = padded_width(w, dt, kind);
     // keys that are the values stay one tensor (AGNN's kernels gather it once)
     const bool kv = keys_are_values(kind, f);
-    for (auto* t : {&f.dst, &f.src, &f.val, &f.edge}) *t = fit(*t, l.Fp);
+    fit_all({&f.dst, kv ? nullptr : &f.src, &f.val, &f.edge,
+             kind == 1 ? &f.att : nullptr,   // (dot's att is the key scale [N_src, H])
+             extra1, extra2}, l.Fp);
     if (kv) f.src = f.val;
-    if (kind == 1) f.att = fit(f.att, l.Fp);   // (dot's att is the key scale [N_src, H])
   }
   return l;
 }
@@ -358,13 +398,13 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   const FeatArgs orig = f;
   at::Tensor unscaled;
   const bool agnn = key_scale_route(kind, f, unscaled);
-  const Layout lay = fit_features(kind, f);
   check_cuda(out, "out", src.device());
   check_cuda(lse, "lse", src.device());
   check_cuda(grad_out, "grad_out", src.device());
   // (GAT: out as it is; its single-gather backward does not read it, the
   // other path pads it itself: attention_launch.cuh, bwd_impl)
-  BwdIn bi{kind == 0 ? out : fit(out, lay.Fp), lse, fit(grad_out, lay.Fp)};
+  BwdIn bi{out, lse, grad_out};
+  const Layout lay = fit_features(kind, f, kind == 0 ? nullptr : &bi.out, &bi.grad_out);
   BwdOut o;
   // absent gradients are distinct empty tensors (custom-op outputs must not alias)
   auto empty = [&] { return at::empty({0}, src.options()); };
@@ -407,12 +447,33 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
     bwd_dot(g, f, s, bi, o);
     if (f.att.defined()) key_scale_grads(f, fit(unscaled, lay.Fp), o);
   }
-  // gradients in the caller's widths (the padded columns are dropped)
-  auto back = [](const at::Tensor& g, const at::Tensor& like) {
-    return like.defined() && g.dim() == like.dim() ? unfit(g, like.size(-1)) : g;
-  };
-  return {back(o.d_dst, orig.dst), back(o.d_src, orig.src), back(o.d_val, orig.val),
-          back(o.d_edge, orig.edge), back(o.d_att, orig.att)};
+  // gradients in the caller's widths (the padded columns are dropped; those
+  // resize_cols takes in one launch, the others by unfit)
+  std::vector<at::Tensor> gs{o.d_dst, o.d_src, o.d_val, o.d_edge, o.d_att};
+  const at::Tensor* likes[5] = {&orig.dst, &orig.src, &orig.val, &orig.edge, &orig.att};
+  std::vector<at::Tensor> ins;
+  std::vector<int64_t> widths;
+  std::vector<size_t> at_i;
+  for (size_t i = 0; i < gs.size(); ++i) {
+    const at::Tensor& like = *likes[i];
+    at::Tensor& g = gs[i];
+    if (!like.defined() || g.dim() != like.dim() || g.dim() == 0 ||
+        g.size(-1) == like.size(-1))
+      continue;
+    if (g.numel() > 0 && cols_ld(g) >= 0 &&
+        (ins.empty() || g.element_size() == ins[0].element_size())) {
+      ins.push_back(g);
+      widths.push_back(like.size(-1));
+      at_i.push_back(i);
+    } else {
+      g = unfit(g, like.size(-1));
+    }
+  }
+  if (!ins.empty()) {
+    const auto outs = resize_cols(ins, widths);
+    for (size_t k = 0; k < at_i.size(); ++k) gs[at_i[k]] = outs[k];
+  }
+  return gs;
 }
 
 std::vector<at::Tensor> attention_bwd(DFGNN_BWD_PARAMS) {

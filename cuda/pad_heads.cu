@@ -1,4 +1,5 @@
-// The padded projection weights of a layer call in one launch.
+// The padded projection weights of a layer call in one launch; the op's
+// feature tensors padded (or their gradients unpadded) several at once.
 //
 // A GPU-bound layer call projects into the kernels' padded head width (nn/_padded.py):
 // the weight [H*C, in] and bias [H*C] of each of its n linear maps get zero rows
@@ -17,6 +18,7 @@
 // a C++ exception thrown from an op of this extension crashed the process on the
 // device's torch build (session 17), so they are a last resort, not the API.
 #include <ATen/ATen.h>
+#include <type_traits>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
@@ -27,6 +29,7 @@ namespace dfgnn {
 namespace {
 
 constexpr int kMaxMaps = 8;
+constexpr int kMaxCols = 8;
 
 struct StackArgs {
   const void* w[kMaxMaps];
@@ -52,6 +55,55 @@ __global__ void stack_pad_kernel(StackArgs a, int64_t w_total, int64_t total) {
       v = src[(h * a.C + c) * (is_w ? a.K : 1) + k];
     }
     static_cast<E*>(is_w ? a.w_out : a.b_out)[e] = v;
+  }
+}
+
+
+// resize_cols: out_i[r, c] = c < cin_i ? in_i[r * ld_i + c] : 0 for c < cout_i,
+// every tensor's rows (leading dimensions flattened) in one grid, one element
+// per thread.  Grids under 2^31 elements divide by cout_i with a multiply and a
+// shift (FastDiv, as ATen's IntDivider) instead of a 64-bit division (which
+// made the flat kernel slower than ATen's fill and copy, session 27).
+struct FastDiv {
+  uint32_t d = 1, m = 0, s = 0;
+};
+
+inline FastDiv fast_div(uint32_t d) {   // 1 <= d < 2^31
+  FastDiv f;
+  f.d = d;
+  while ((uint64_t(1) << f.s) < d) ++f.s;
+  f.m = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << f.s) - d)) / d + 1);
+  return f;
+}
+
+__device__ __forceinline__ uint32_t div_of(uint32_t n, const FastDiv& f) {   // n < 2^31
+  return (__umulhi(n, f.m) + n) >> f.s;
+}
+
+struct ColsArgs {
+  const void* in[kMaxCols];
+  void* out[kMaxCols];
+  int64_t cin[kMaxCols], ld[kMaxCols], cout[kMaxCols], start[kMaxCols + 1];
+  FastDiv div[kMaxCols];
+  int n;
+};
+
+template <typename E, bool WIDE>
+__global__ void resize_cols_kernel(ColsArgs a) {
+  using Ix = std::conditional_t<WIDE, int64_t, uint32_t>;
+  const Ix total = static_cast<Ix>(a.start[a.n]);
+  for (Ix t = blockIdx.x * (Ix)blockDim.x + threadIdx.x; t < total;
+       t += (Ix)gridDim.x * blockDim.x) {
+    int i = 0;
+    while (i + 1 < a.n && t >= static_cast<Ix>(a.start[i + 1])) ++i;
+    const Ix e = t - static_cast<Ix>(a.start[i]);
+    Ix r;
+    if constexpr (WIDE) r = e / a.cout[i];
+    else r = div_of(e, a.div[i]);
+    const Ix c = e - r * static_cast<Ix>(a.cout[i]);
+    static_cast<E*>(a.out[i])[e] =
+        c < static_cast<Ix>(a.cin[i]) ? static_cast<const E*>(a.in[i])[(int64_t)r * a.ld[i] + c]
+                                      : E{};
   }
 }
 
@@ -125,6 +177,72 @@ std::tuple<at::Tensor, at::Tensor> stack_pad_heads(at::TensorList ws, at::Tensor
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {w_out, b_out};
+}
+
+int64_t cols_ld(const at::Tensor& t) {
+  if (!t.defined() || t.dim() < 1 || (t.size(-1) > 1 && t.stride(-1) != 1)) return -1;
+  int64_t ld = -1, expect = 0;
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {   // the leading dimensions, innermost first
+    if (t.size(d) <= 1) continue;
+    if (ld < 0) {
+      ld = t.stride(d);
+      if (ld < t.size(-1)) return -1;
+    } else if (t.stride(d) != expect) {
+      return -1;
+    }
+    expect = t.stride(d) * t.size(d);
+  }
+  return ld < 0 ? std::max<int64_t>(t.size(-1), 1) : ld;
+}
+
+std::vector<at::Tensor> resize_cols(const std::vector<at::Tensor>& ins,
+                                    const std::vector<int64_t>& widths) {
+  const int64_t n = static_cast<int64_t>(ins.size());
+  TORCH_CHECK(n >= 1 && n <= kMaxCols && static_cast<int64_t>(widths.size()) == n,
+              "resize_cols: 1 to ", kMaxCols, " tensors, one width each");
+  std::vector<at::Tensor> outs;
+  outs.reserve(n);
+  ColsArgs a{};
+  a.n = static_cast<int>(n);
+  const int64_t es = ins[0].element_size();
+  for (int64_t i = 0; i < n; ++i) {
+    const at::Tensor& t = ins[i];
+    const int64_t ld = cols_ld(t);
+    TORCH_CHECK(ld >= 0 && t.element_size() == es && t.device() == ins[0].device() &&
+                    widths[i] >= 0,
+                "resize_cols: tensor ", i, " must have evenly strided rows of contiguous "
+                "columns and the first tensor's element size and device");
+    auto sizes = t.sizes().vec();
+    sizes.back() = widths[i];
+    outs.push_back(at::empty(sizes, t.options().memory_format(at::MemoryFormat::Contiguous)));
+    a.in[i] = t.data_ptr();
+    a.out[i] = outs.back().data_ptr();
+    a.cin[i] = t.size(-1);
+    a.ld[i] = ld;
+    a.cout[i] = std::max<int64_t>(widths[i], 1);
+    a.start[i + 1] = a.start[i] + outs.back().numel();
+  }
+  const int64_t total = a.start[n];
+  if (total == 0) return outs;
+  const at::cuda::CUDAGuard guard(ins[0].device());
+  const int threads = 256;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((total + threads - 1) / threads, 8192));
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const bool wide = total >= (int64_t(1) << 31);
+  for (int64_t i = 0; i < n && !wide; ++i) a.div[i] = fast_div(static_cast<uint32_t>(a.cout[i]));
+#define DFGNN_RESIZE(E)                                                              \
+  (wide ? resize_cols_kernel<E, true><<<blocks, threads, 0, stream>>>(a)             \
+        : resize_cols_kernel<E, false><<<blocks, threads, 0, stream>>>(a))
+  switch (es) {
+    case 2: DFGNN_RESIZE(uint16_t); break;
+    case 4: DFGNN_RESIZE(uint32_t); break;
+    case 8: DFGNN_RESIZE(uint64_t); break;
+    default: TORCH_CHECK(false, "resize_cols: unsupported element size ", es);
+  }
+#undef DFGNN_RESIZE
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return outs;
 }
 
 }  // namespace dfgnn
