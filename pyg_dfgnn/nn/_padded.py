@@ -58,10 +58,16 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
     dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
     if not gpu_bound(x.size(0), heads, chans):
         return op_width(chans, dt, kind) if pad_small else chans
-    if kind == 0 and dt in (torch.float16, torch.bfloat16):
-        # GAT's half-precision kernels take widths of 2 mod 4 (8 x 10) on 4-byte
-        # vectors: unpadded, the projection, the output gradient the op would
-        # pad and d_val are a sixth smaller at 8 x 10 (docs/KERNELS.md, session 26)
+    if kind == 0:
+        # GAT's kernels take the widths they can load as they are: fp32 heads of
+        # 10 on 8-byte vectors, half-precision ones of 2 mod 4 on 4-byte vectors
+        # (its value rows are one lane group's loads per edge, so a narrower
+        # vector costs little: GPU forward+backward 0.89-0.91x unpadded at 8 x 10
+        # fp32 on the 100k graphs, H200, session 28); the projection, the
+        # output gradient the op would pad and d_val are a sixth smaller at
+        # 8 x 10 (docs/KERNELS.md, sessions 26 and 28).  The vector-score kinds
+        # pad: their fp32 kernels at width 10 took 1.05-1.25x the time of the
+        # padded 12 (session 28)
         return op_width(chans, dt, 0)
     return padded_width(chans, dt)
 

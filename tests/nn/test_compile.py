@@ -148,19 +148,19 @@ def test_compiled_layer_reports_bad_edge_index():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["gat", "gatv2", "transformer"])
 def test_padded_cuda_calls_compile_without_graph_breaks(name, monkeypatch):
-    """CUDA calls that project into the kernels' padded head width (10 -> 12
+    """CUDA calls that project into the kernels' padded head width (9 -> 10
     here; every call is made GPU-bound) compile without a graph break and
     match eager: while compiling the padding is ATen ops (the one-kernel
     ``stack_pad_heads`` op has no fake kernel; nn/_glue.py, padded_weight)."""
     from pyg_dfgnn.nn import GATv2Conv, _padded
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     torch.manual_seed(0)
-    conv = {"gat": lambda: GATConv(F_IN, 10, heads=2),
-            "gatv2": lambda: GATv2Conv(F_IN, 10, heads=2),
-            "transformer": lambda: TransformerConv(F_IN, 10, heads=2)}[name]().cuda()
+    conv = {"gat": lambda: GATConv(F_IN, 9, heads=2),
+            "gatv2": lambda: GATv2Conv(F_IN, 9, heads=2),
+            "transformer": lambda: TransformerConv(F_IN, 9, heads=2)}[name]().cuda()
     x = torch.randn(N, F_IN, device="cuda")
     ei = random_edge_index(N, N, E, seed=5).cuda()
-    assert _padded.kernel_width(10, x, 2) == 12
+    assert _padded.kernel_width(9, x, 2) == 10
     n, reasons = _breaks(conv, x, ei)
     assert n == 0, reasons
     torch._dynamo.reset()
