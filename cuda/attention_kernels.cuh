@@ -92,6 +92,15 @@ template <int VEC> constexpr bool kWide = VEC >= 16;
 #define DFGNN_WIDE8_TILES 1
 #endif
 constexpr int kWide8Chunks = 3;
+// fp32 heads of 10 (8 x 10 given unpadded to the op) on five 8-byte chunks: one
+// lane per head, the registers of a float4 wide tile less two (10 floats
+// against the padded 12's), instead of two lanes of three chunks
+// (attention_launch.cuh, dispatch; docs/KERNELS.md, session 28).
+// DFGNN_WIDE8X5_TILES = 0 turns it off.
+#ifndef DFGNN_WIDE8X5_TILES
+#define DFGNN_WIDE8X5_TILES 1
+#endif
+constexpr int kWide8Chunks5 = 5;
 // AGNN's widest heads: where the wide tile still takes 16 lanes or more, four
 // float4 (fp32, every pass) or three 16-byte vectors (fp16 / bf16, forward
 // only) per lane if that takes fewer (attention_launch.cuh, dispatch;

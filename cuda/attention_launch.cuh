@@ -598,6 +598,7 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
     constexpr bool kFwd = Fn<KIND, T, int32_t, VMAX>::kForward;
     constexpr int WIDE = VMAX + 16 * kWideChunks<T>;
     constexpr int WIDE8 = VMAX / 2 + 16 * kWide8Chunks;
+    constexpr int WIDE8X5 = VMAX / 2 + 16 * kWide8Chunks5;
     constexpr int WIDEST = VMAX + 16 * kAgnnWideChunks<T>;
     auto lanes = [&](int vec) { return choose_group(0, F, vec, KIND); };
     if constexpr (DFGNN_WIDE_TILES && (dot_like(KIND) || KIND == GATV2)) {
@@ -617,6 +618,12 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
         }
       } else if constexpr (DFGNN_WIDE8_TILES) {
         if (F % (VMAX / 2) == 0 && lanes(WIDE8) < lanes(VMAX / 2)) {
+          if constexpr (sizeof(T) == 4 && DFGNN_WIDE8X5_TILES) {
+            if (lanes(WIDE8X5) < lanes(WIDE8)) {
+              by_index(std::integral_constant<int, WIDE8X5>());
+              return;
+            }
+          }
           by_index(std::integral_constant<int, WIDE8>());
           return;
         }

@@ -55,6 +55,9 @@ WIDE_CHUNKS = (3, 2)
 #: chunks per lane of the wide tiles on 8-byte vectors (kWide8Chunks): a dot-like
 #: head that is a multiple of 8 bytes but not of 16 (bf16 heads of 20 or 12)
 WIDE8_CHUNKS = 3
+#: ... and five of them for fp32 where that takes fewer lanes (kWide8Chunks5:
+#: heads of 10, one lane instead of two)
+WIDE8_CHUNKS_FP32 = 5
 #: AGNN's widest heads (kAgnnWideChunks), float4 and 8-element vectors: where the
 #: wide tile still takes 16 lanes or more (fp16 / bf16: the forward's group)
 AGNN_WIDE_CHUNKS = (4, 3)
@@ -199,7 +202,10 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
             if kind == 3 and g >= 16:
                 g = min(g, lanes(vmax * AGNN_WIDE_CHUNKS[vmax == 8]))
         elif fp % half == 0:
-            g = min(g, lanes(half * WIDE8_CHUNKS))
+            w8 = lanes(half * WIDE8_CHUNKS)
+            if w8 < g and vmax == 4:
+                w8 = min(w8, lanes(half * WIDE8_CHUNKS_FP32))
+            g = min(g, w8)
     return g
 
 

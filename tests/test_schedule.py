@@ -139,7 +139,10 @@ def test_auto_group_and_split():
     assert schedule.auto_group(64, torch.bfloat16, kind=2) == 4    # 8 x 8 bf16 -> 4 lanes x 2
     # ... and on 8-byte vectors (three per lane): 10 fp32 = 5 float2, 19 bf16 padded to 20 =
     # 5 x 4 bf16, 10 bf16 padded to 12
-    assert schedule.auto_group(10, torch.float32, kind=2) == 2     # 5 float2 -> 2 lanes x 3
+    assert schedule.auto_group(10, torch.float32, kind=2) == 1     # 5 float2 -> 1 lane x 5
+    assert schedule.auto_group(10, torch.float32, kind=1) == 1     # GATv2 too
+    assert schedule.auto_group(18, torch.float32, kind=2) == 2     # 9 float2 -> 2 lanes x 5
+    assert schedule.auto_group(6, torch.float32, kind=2) == 1      # (1 lane x 3 already)
     assert schedule.auto_group(19, torch.bfloat16, kind=2) == 2    # 4 lanes x 2 -> 2 x 3
     assert schedule.auto_group(19, torch.float16, kind=3) == 2
     assert schedule.auto_group(10, torch.bfloat16, kind=2) == 1    # 2 lanes x 2 -> 1 x 3
