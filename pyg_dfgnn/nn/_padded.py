@@ -43,8 +43,9 @@ def gpu_bound(rows: int, heads: int, chans: int) -> bool:
 def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
                  pad_small: bool = False) -> int:
     """The head width a layer of model ``kind`` (0 GAT, 1 GATv2, 2 dot) should
-    project to for the CUDA kernels: the padded width for ``x``'s dtype on a
-    GPU-bound call.  On a smaller CUDA call, with ``pad_small``, the width the
+    project to for the CUDA kernels on a GPU-bound call: the width the kernels
+    take as it is in fp32 and for GAT (:func:`pyg_dfgnn.schedule.op_width`),
+    else the padded width for ``x``'s dtype.  On a smaller CUDA call, with ``pad_small``, the width the
     op would pad to anyway (:func:`pyg_dfgnn.schedule.op_width`: ``chans`` where
     the kernels take it as it is, e.g. 8 x 10 fp32), so that the projection
     writes it and the op copies nothing -- the Transformer's choice, whose
@@ -58,17 +59,18 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
     dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
     if not gpu_bound(x.size(0), heads, chans):
         return op_width(chans, dt, kind) if pad_small else chans
-    if kind == 0:
-        # GAT's kernels take the widths they can load as they are: fp32 heads of
-        # 10 on 8-byte vectors, half-precision ones of 2 mod 4 on 4-byte vectors
-        # (its value rows are one lane group's loads per edge, so a narrower
-        # vector costs little: GPU forward+backward 0.89-0.91x unpadded at 8 x 10
-        # fp32 on the 100k graphs, H200, session 28); the projection, the
-        # output gradient the op would pad and d_val are a sixth smaller at
-        # 8 x 10 (docs/KERNELS.md, sessions 26 and 28).  The vector-score kinds
-        # pad: their fp32 kernels at width 10 took 1.05-1.25x the time of the
-        # padded 12 (session 28)
-        return op_width(chans, dt, 0)
+    if kind == 0 or dt == torch.float32:
+        # widths the kernels take as they are stay unpadded: fp32 heads of 10 on
+        # 8-byte vectors (every kind; the vector-score kinds on a tile of five
+        # of them, one lane per head), GAT's half-precision widths of 2 mod 4 on
+        # 4-byte vectors.  The projections, the saved output, the output
+        # gradient and the input gradients are a sixth smaller at 8 x 10, and
+        # the kernels are faster than at the padded 12 (layer GPU
+        # forward+backward on the 100k graphs, H200: GAT 0.89-0.91x, the
+        # Transformer 0.89-0.90x, GATv2 0.93x; docs/KERNELS.md, sessions 26
+        # and 28).  fp16 / bf16 heads of 10 of the vector-score kinds pad to 12:
+        # on 4-byte vectors their kernels took 1.6-1.7x longer (session 17)
+        return op_width(chans, dt, kind)
     return padded_width(chans, dt)
 
 

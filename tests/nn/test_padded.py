@@ -70,9 +70,9 @@ def test_padded_linear_layout():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("chans,dtype,kind,small,large", [
-    (10, torch.float32, 2, 10, 12),     # the op runs 10 fp32 as it is (float2)
-    (10, torch.float32, 1, 10, 12),     # but GPU-bound calls pad the vector scores
-    (10, torch.float32, 0, 10, 10),     # GAT takes it as it is
+    (10, torch.float32, 2, 10, 10),     # the kernels run 10 fp32 as it is (float2)
+    (10, torch.float32, 1, 10, 10),
+    (10, torch.float32, 0, 10, 10),
     (9, torch.float32, 2, 10, 10),      # the op would pad 9 to 10 anyway
     (19, torch.float32, 0, 20, 20),     # the op would pad 19 anyway
     (10, torch.bfloat16, 2, 12, 12),    # dot / GATv2 pad bf16 10 to 12
@@ -85,8 +85,8 @@ def test_padded_linear_layout():
 def test_kernel_width_on_cuda(chans, dtype, kind, small, large):
     """Small (host-bound) CUDA calls project to the width the op would pad to
     anyway where asked (``pad_small``: the Transformer), so the op copies
-    nothing, else to ``chans``; GPU-bound ones to the 16-byte padded width,
-    but GAT's to the width its kernels take as it is."""
+    nothing, else to ``chans``; GPU-bound ones to the width the kernels take as
+    it is (fp32; GAT's half precision), else to the 16-byte padded width."""
     x = torch.empty(100, 8, device="cuda", dtype=dtype)
     assert _padded.kernel_width(chans, x, 8, kind, pad_small=True) == small
     assert _padded.kernel_width(chans, x, 8, kind) == chans
