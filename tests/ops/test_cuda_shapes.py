@@ -51,6 +51,19 @@ def test_gatv2_att_gradient_on_a_capped_grid(heads, feat, dtype):
     check("gatv2", ei, n, n, heads, feat, dtype, edge=True, seed=heads * 100 + feat, split=256)
 
 
+@pytest.mark.parametrize("kind", ["dot", "gatv2", "dot_kscale"])
+@pytest.mark.parametrize("feat", [18, 34, 66])
+def test_five_chunk_tile_on_several_lanes(kind, feat):
+    """fp32 widths that are a multiple of 8 bytes but not of 16, where five
+    float2 chunks per lane take fewer lanes than three (cuda/attention_launch.cuh:
+    dispatch, kWide8Chunks5): 18, 34, 66 on 2, 4, 8 lanes, the last lane's tile
+    partly past the head (8x10 fp32 covers one lane exactly).  The lane count
+    the schedule mirrors, and every gradient against float64, with split rows."""
+    assert schedule.auto_group(feat, torch.float32, kind=2) == {18: 2, 34: 4, 66: 8}[feat]
+    ei = random_graph(200, 180, 2400, super_node=(800, 5))
+    check(kind, ei, 200, 180, 2, feat, torch.float32, edge=True, seed=feat, split=64)
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("feat", [10, 19, 32])
