@@ -203,7 +203,7 @@ def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
                 g = min(g, lanes(vmax * AGNN_WIDE_CHUNKS[vmax == 8]))
         elif fp % half == 0:
             w8 = lanes(half * WIDE8_CHUNKS)
-            if w8 < g and vmax == 4:
+            if w8 < g and dtype == torch.float32:   # (five chunks where three pay)
                 w8 = min(w8, lanes(half * WIDE8_CHUNKS_FP32))
             g = min(g, w8)
     return g
