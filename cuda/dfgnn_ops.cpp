@@ -134,39 +134,51 @@ at::Tensor fit(const at::Tensor& t, int64_t fp) {
   return t;
 }
 
-// fit() of several tensors to one width fp; the ones that need padding (and
-// whose rows resize_cols takes) are padded in one launch (pad_heads.cu)
-// instead of a constant_pad_nd each (an allocation, a fill and a copy: the
-// host time of a small padded call, docs/KERNELS.md session 27).  A tensor
-// passed twice is padded once.  Null pointers are skipped.
-void fit_all(std::initializer_list<at::Tensor*> ts, int64_t fp) {
+// Each *ts[i].first resized to ts[i].second columns: the tensors resize_cols
+// takes (CUDA, rows it can stride, one element size and device, up to 8
+// distinct tensors) in one launch (pad_heads.cu), the others by `one` (fit()
+// or unfit()).  One launch instead of a constant_pad_nd or a narrow-and-copy
+// each (an allocation, a fill and a copy: the host time of a small padded
+// call, docs/KERNELS.md session 27).  A tensor passed twice for one width is
+// resized once; null pointers and undefined tensors are skipped.
+template <typename One>
+void resize_all(const std::vector<std::pair<at::Tensor*, int64_t>>& ts, One one) {
   std::vector<at::Tensor*> dst;
   std::vector<at::Tensor> ins;
-  std::vector<int64_t> of;   // per entry of dst: its index in ins
-  for (at::Tensor* t : ts) {
+  std::vector<int64_t> widths;
+  std::vector<size_t> of;   // per entry of dst: its index in ins
+  for (const auto& [t, w] : ts) {
     if (t == nullptr || !t->defined()) continue;
-    if (t->size(-1) == fp || t->numel() == 0 || !t->is_cuda() || cols_ld(*t) < 0) {
-      *t = fit(*t, fp);
+    if (t->size(-1) == w || t->numel() == 0 || !t->is_cuda() || cols_ld(*t) < 0) {
+      *t = one(*t, w);
       continue;
     }
-    int64_t k = -1;
+    size_t k = ins.size();
     for (size_t i = 0; i < ins.size(); ++i)
-      if (ins[i].is_same(*t)) k = static_cast<int64_t>(i);
-    if (k < 0) {
+      if (ins[i].is_same(*t) && widths[i] == w) k = i;
+    if (k == ins.size()) {
       if (ins.size() >= 8 || (!ins.empty() && (t->element_size() != ins[0].element_size() ||
                                                t->device() != ins[0].device()))) {
-        *t = fit(*t, fp);
+        *t = one(*t, w);
         continue;
       }
-      k = static_cast<int64_t>(ins.size());
       ins.push_back(*t);
+      widths.push_back(w);
     }
     dst.push_back(t);
     of.push_back(k);
   }
   if (ins.empty()) return;
-  const auto outs = resize_cols(ins, std::vector<int64_t>(ins.size(), fp));
+  const auto outs = resize_cols(ins, widths);
   for (size_t i = 0; i < dst.size(); ++i) *dst[i] = outs[of[i]];
+}
+
+// fit() of several tensors to one width fp (padded in one launch where they can be)
+void fit_all(std::initializer_list<at::Tensor*> ts, int64_t fp) {
+  std::vector<std::pair<at::Tensor*, int64_t>> e;
+  e.reserve(ts.size());
+  for (at::Tensor* t : ts) e.emplace_back(t, fp);
+  resize_all(e, [](const at::Tensor& t, int64_t w) { return fit(t, w); });
 }
 
 at::Tensor unfit(const at::Tensor& t, int64_t F) {
@@ -447,32 +459,17 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
     bwd_dot(g, f, s, bi, o);
     if (f.att.defined()) key_scale_grads(f, fit(unscaled, lay.Fp), o);
   }
-  // gradients in the caller's widths (the padded columns are dropped; those
-  // resize_cols takes in one launch, the others by unfit)
+  // gradients in the caller's widths (the padded columns are dropped, in one
+  // launch where resize_cols takes them)
   std::vector<at::Tensor> gs{o.d_dst, o.d_src, o.d_val, o.d_edge, o.d_att};
   const at::Tensor* likes[5] = {&orig.dst, &orig.src, &orig.val, &orig.edge, &orig.att};
-  std::vector<at::Tensor> ins;
-  std::vector<int64_t> widths;
-  std::vector<size_t> at_i;
+  std::vector<std::pair<at::Tensor*, int64_t>> cut;
   for (size_t i = 0; i < gs.size(); ++i) {
     const at::Tensor& like = *likes[i];
-    at::Tensor& g = gs[i];
-    if (!like.defined() || g.dim() != like.dim() || g.dim() == 0 ||
-        g.size(-1) == like.size(-1))
-      continue;
-    if (g.numel() > 0 && cols_ld(g) >= 0 &&
-        (ins.empty() || g.element_size() == ins[0].element_size())) {
-      ins.push_back(g);
-      widths.push_back(like.size(-1));
-      at_i.push_back(i);
-    } else {
-      g = unfit(g, like.size(-1));
-    }
+    if (like.defined() && gs[i].dim() == like.dim() && gs[i].dim() > 0)
+      cut.emplace_back(&gs[i], like.size(-1));
   }
-  if (!ins.empty()) {
-    const auto outs = resize_cols(ins, widths);
-    for (size_t k = 0; k < at_i.size(); ++k) gs[at_i[k]] = outs[k];
-  }
+  resize_all(cut, [](const at::Tensor& t, int64_t w) { return unfit(t, w); });
   return gs;
 }
 

@@ -65,12 +65,11 @@ __global__ void stack_pad_kernel(StackArgs a, int64_t w_total, int64_t total) {
 // shift (FastDiv, as ATen's IntDivider) instead of a 64-bit division (which
 // made the flat kernel slower than ATen's fill and copy, session 27).
 struct FastDiv {
-  uint32_t d = 1, m = 0, s = 0;
+  uint32_t m = 0, s = 0;   // n / d = (umulhi(n, m) + n) >> s
 };
 
 inline FastDiv fast_div(uint32_t d) {   // 1 <= d < 2^31
   FastDiv f;
-  f.d = d;
   while ((uint64_t(1) << f.s) < d) ++f.s;
   f.m = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << f.s) - d)) / d + 1);
   return f;
