@@ -42,7 +42,13 @@ struct Sched {
 
 struct FwdOut { at::Tensor out, lse, alpha; };
 struct BwdIn { at::Tensor out, lse, grad_out; };
-struct BwdOut { at::Tensor d_dst, d_src, d_val, d_edge, d_att; };
+struct BwdOut {
+  at::Tensor d_dst, d_src, d_val, d_edge, d_att;
+  // AGNN's kernels: with want_score_sum, score_sum gets the row pass's fp32
+  // sum_j dS_ij s_ij per (work item, head) (Params::score_sum)
+  bool want_score_sum = false;
+  at::Tensor score_sum;
+};
 
 void fwd_gat(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);
 void fwd_gatv2(const GraphArgs&, const FeatArgs&, const Sched&, FwdOut&);

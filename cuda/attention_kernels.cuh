@@ -373,6 +373,13 @@ struct Params {
   // O_i>, later eps_i; and d_src before its correction [N_src, H]
   float *gat_acc, *d_src_f;
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
+  // AGNN (or null): per (launch column, work item, head) [tiles, num_items, H]
+  // the row pass's sum_j dS_ij s_ij in fp32 over the column's features (their
+  // total: beta times beta's gradient where the scores are
+  // linear in beta (ops._AGNNPrologue; from dq rounded to fp16 / bf16 that sum
+  // lost the terms' cancellation: 0.28 relative error against float64 on a
+  // PATTERN batch at one head of 256, H200, session 29)
+  float* score_sum;
   // row strides (elements) of d_dst / d_src / d_val: H times their feature
   // width, or 3 H F where dot attention's gradients of q / k / v are the column
   // blocks of one [N, 3 H F] buffer (dfgnn_ops.cpp: qkv_blocks; the kernels of
@@ -1333,7 +1340,6 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
   }
   // the column pass recomputes dS with the Delta used here
   if (p.delta && blockIdx.y == 0 && g.lg == 0) p.delta[row * p.H + h] = delta;
-
   if constexpr (KIND == GAT) {
     if (g.lg == 0 && blockIdx.y == 0) {
       if (slot < 0) p.d_dst[row * p.H + h] = from_f<T>(gacc);
@@ -1354,6 +1360,18 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
         if (KIND == GATV2)  // centred: - LeakyReLU(x_i) * sum_j dS_ij
           datt[(c * kW<VEC> + k) * kThreads] += acc2[c][k] - leaky(r.xi[c][k], p.slope) * gacc;
       }
+    }
+  }
+  // AGNN: sum_j dS_ij s_ij over this launch column's features, <dq_i, q_i> in
+  // fp32 (acc = sum_j dS_ij scale c_j v_j, r.xi = q_i, so that the scores are
+  // s_ij = scale c_j <q_i, v_j>), indexed by get_item's gid = item H + h.
+  // ptxas (sm_90): 0-32 B more spills than without it; an accumulator in the
+  // edge loop and the item index kept live took 16-44 B.
+  if constexpr (KIND == AGNN) {
+    if (p.score_sum) {
+      const float sd = g.sum(tile_dot<VEC>(acc, r.xi));
+      const int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
+      if (g.lg == 0) p.score_sum[(int64_t)blockIdx.y * p.num_items * p.H + gid] = sd;
     }
   }
 }

@@ -487,6 +487,10 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     att_part = at::empty({bwd_row_grid(l, p.H, p.G) / p.H, p.H, p.F}, fo);
     p.d_att_part = att_part.data_ptr<float>();
   }
+  if (KIND == AGNN && o.want_score_sum) {   // (every launch column and item writes its own)
+    o.score_sum = at::empty({(int64_t)l.grid.y, p.num_items, p.H}, fo);
+    p.score_sum = o.score_sum.data_ptr<float>();
+  }
   if (p.num_items > 0) {
     with_blocks<kRowBlocks<KIND, T, VEC>, kRowBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {

@@ -452,6 +452,7 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   }
   else if (kind == 1) bwd_gatv2(g, f, s, bi, o);
   else if (agnn) {
+    o.want_score_sum = fold;
     bwd_agnn(g, f, s, bi, o);
     if (fold && agnn_fold_grads(f, o)) o.d_val = empty();   // (folded into d_src)
     else key_scale_grads(f, f.src, o);
@@ -470,6 +471,8 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
       cut.emplace_back(&gs[i], like.size(-1));
   }
   resize_all(cut, [](const at::Tensor& t, int64_t w) { return unfit(t, w); });
+  // (folded AGNN: a sixth output, the 0-d fp32 sum_ij dS_ij s_ij of the row pass)
+  if (o.score_sum.defined()) gs.push_back(o.score_sum.sum());
   return gs;
 }
 
@@ -492,6 +495,8 @@ std::vector<at::Tensor> attention_bwd_blocks(DFGNN_BWD_PARAMS) {
 // empty tensor; one pass over [N, H, F] instead of key_scale_grads' three and
 // autograd's addition of the two (the eager CUDA path's Function, whose inputs
 // k and v are then one tensor; the custom op keeps attention_bwd's outputs).
+// Where AGNN's kernels ran, a sixth output: sum_ij dS_ij s_ij over all edges
+// and heads (0-d, fp32), from which ops._AGNNPrologue takes beta's gradient.
 std::vector<at::Tensor> attention_bwd_folded(DFGNN_BWD_PARAMS) {
   return attention_bwd_impl(DFGNN_BWD_ARGS, true, false);
 }

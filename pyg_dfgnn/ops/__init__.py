@@ -171,7 +171,8 @@ def _with_residual(out: Tensor, residual: Optional[Tensor]) -> Tensor:
 def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
          value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor], scale: float,
          negative_slope: float, dropout: float, return_alpha: bool,
-         residual: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+         residual: Optional[Tensor] = None,
+         sink: Optional["_ScoreSum"] = None) -> Tuple[Tensor, Optional[Tensor]]:
     seed = _seed(dropout, graph.device)
     floats = (float(scale), float(negative_slope), float(dropout))
     if isinstance(graph, GraphRef):  # torch.compile: the op converts edge_index itself
@@ -196,7 +197,7 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
     else:
         out, _lse, alpha = fused.attention_on(
             kind, graph, plan, rows(dst_feat), src_r, value_r, _dense(edge), _dense(att),
-            *floats, seed, bool(return_alpha))
+            *floats, seed, bool(return_alpha), sink)
         out = _with_residual(out, residual)
     return out, (alpha if return_alpha else None)
 
@@ -404,6 +405,18 @@ def _agnn_prologue(x: Tensor, beta: Tensor, num_dst: int, eps: float):
     return (xd * (cd * beta)).unsqueeze(1), c, n
 
 
+class _ScoreSum:
+    """Where the folded AGNN backward (``dfgnn_C::attention_bwd_folded``, run by
+    :class:`~pyg_dfgnn.ops.fused.EagerAttention`) leaves its row pass's fp32
+    :math:`\sum_{ij} dS_{ij} s_{ij}` for :class:`_AGNNPrologue`, whose node
+    runs after the attention's in the same backward."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value: Optional[Tensor] = None
+
+
 def _prologue_node(x: Tensor, beta: Tensor) -> bool:
     """Whether AGNN's prologue runs as one autograd node (:class:`_AGNNPrologue`):
     on CUDA calls with autograd, outside torch.compile.  Its forward is one
@@ -427,7 +440,16 @@ class _AGNNPrologue(torch.autograd.Function):
         dx_i = \beta c_i\, dq_i - [n_i \ge \epsilon]\, \bar{c}_i c_i^2\, x_i / n_i,
         \qquad d\beta = \sum_i c_i s_i
 
-    (autograd's six nodes of norm, clamp, reciprocal and two products).  On
+    (autograd's six nodes of norm, clamp, reciprocal and two products).
+    Given a :class:`_ScoreSum` (a fifth argument) that the attention's
+    backward filled, :math:`d\beta = \sum_{ij} dS_{ij} s_{ij} / \beta`
+    instead (the scores :math:`s_{ij} = \beta \cos_{ij}` are linear in
+    :math:`\beta`; where :math:`\beta = 0`, the sum above): the row pass sums
+    it in fp32 from each edge's dS and score, where :math:`\sum_i c_i s_i`
+    takes :math:`dq` rounded to the inputs' dtype, and :math:`d\beta` is a
+    small difference of large terms (:math:`\sum_j dS_{ij} = 0`): in bf16 it
+    was 0.28 off float64 on a PATTERN batch at one head of 256, PyG's own
+    bf16 error being 0.02 (H200, session 29).  On
     CUDA (fp32 / fp16 / bf16) the backward is one kernel,
     ``dfgnn_C::agnn_prologue_bwd``, a warp per row, in fp32 rounded once;
     elsewhere ATen ops in the same dtype (sums in fp32, as ATen's reductions
@@ -439,10 +461,11 @@ class _AGNNPrologue(torch.autograd.Function):
     (``addcmul``) instead of autograd adding two ``[N, F]`` branches."""
 
     @staticmethod
-    def forward(ctx, x, beta, num_dst, eps):
+    def forward(ctx, x, beta, num_dst, eps, *sink):
         q, c, n = _agnn_prologue(x, beta, num_dst, eps)   # (grad mode is off in here)
         ctx.save_for_backward(x, beta, c, n)
         ctx.num_dst, ctx.eps = num_dst, eps
+        ctx.sink, ctx.n_sink = (sink[0] if sink else None), len(sink)
         ctx.set_materialize_grads(False)
         return q, c, x.unsqueeze(1)
 
@@ -460,9 +483,10 @@ class _AGNNPrologue(torch.autograd.Function):
                 x, None if dq is None else dq.contiguous(),
                 None if dc is None else dc.contiguous(),
                 None if dk is None else dk.contiguous(), c, n, beta, ctx.eps)
-            dbeta = cs.sum().to(beta.dtype) if dq is not None and ctx.needs_input_grad[1] \
-                else None
-            return (dx if ctx.needs_input_grad[0] else None), dbeta, None, None
+            dbeta = _AGNNPrologue._dbeta(ctx, beta, cs.sum()) \
+                if dq is not None and ctx.needs_input_grad[1] else None
+            return ((dx if ctx.needs_input_grad[0] else None), dbeta, None, None) \
+                + (None,) * ctx.n_sink
         nd = ctx.num_dst
         xd, cd = x[:nd], c[:nd]
         cbar = torch.zeros_like(c) if dc is None else dc.clone()
@@ -472,14 +496,25 @@ class _AGNNPrologue(torch.autograd.Function):
             s = torch.linalg.vecdot(dq, xd).unsqueeze(-1)   # [nd, 1]
             cbar[:nd].add_(s * beta)
             if ctx.needs_input_grad[1]:
-                dbeta = (cd * s).sum().to(beta.dtype)
+                dbeta = _AGNNPrologue._dbeta(ctx, beta, (cd * s).sum())
         if ctx.needs_input_grad[0]:
             # the norm's term, zero where |x| < eps (the clamp's gradient)
             w = torch.where(n >= ctx.eps, cbar * c * c / n.neg(), torch.zeros_like(c))
             dx = x * w if dk is None else torch.addcmul(dk.squeeze(1), x, w)
             if dq is not None:
                 dx[:nd].addcmul_(dq, cd * beta)
-        return dx, dbeta, None, None
+        return (dx, dbeta, None, None) + (None,) * ctx.n_sink
+
+    @staticmethod
+    def _dbeta(ctx, beta: Tensor, from_dq: Tensor) -> Tensor:
+        """beta's gradient in its dtype: the score sum over beta where the
+        attention left one (and beta is not 0), else ``from_dq``."""
+        ssum = None if ctx.sink is None else ctx.sink.value
+        if ssum is not None:
+            ctx.sink.value = None
+            b = beta.to(ssum.dtype)
+            from_dq = torch.where(b != 0, ssum / b, from_dq.to(ssum.dtype))
+        return from_dq.to(beta.dtype)
 
 
 def agnn_attention(graph: CSRGraph, x: Tensor, beta: Tensor, dropout: float = 0.0,
@@ -508,11 +543,15 @@ def agnn_attention(graph: CSRGraph, x: Tensor, beta: Tensor, dropout: float = 0.
                          + (f" of shape {list(beta.shape)}" if isinstance(beta, Tensor) else ""))
     eps = _check_float("eps", eps)
     beta = beta.reshape(()).to(x.device, x.dtype)
+    sink = None
     if _prologue_node(x, beta):
-        q, c, x3 = _AGNNPrologue.apply(x, beta, graph.num_dst, eps)
+        sink = _ScoreSum()   # (beta's gradient from the attention's row pass)
+        q, c, x3 = _AGNNPrologue.apply(x, beta, graph.num_dst, eps, sink)
     else:
         q, c, _ = _agnn_prologue(x, beta, graph.num_dst, eps)
         x3 = x.unsqueeze(1)
-    out, alpha = dot_attention(graph, q, x3, x3, None, 1.0, dropout, return_alpha,
-                               key_scale=c)
+    # (q, the keys = values x3 and the key scale c are built from the checked x:
+    # dot_attention's checks of them are skipped)
+    out, alpha = _run(DOT, graph, q, x3, x3, None, c, 1.0, 0.2, dropout, return_alpha,
+                      sink=sink)
     return out.squeeze(1), alpha

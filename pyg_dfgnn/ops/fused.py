@@ -22,7 +22,7 @@ the same for the transposed CSR in backward.
 from __future__ import annotations
 
 import contextlib
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -378,11 +378,13 @@ def _eager_function(name: str, fwd, bwd, doc: str, cpu: bool) -> type:
     graph and plan are never differentiated (they stay on the context), and
     6 arguments instead of the op's 22 (7 saved tensors instead of 18) cut the
     Function's own host time by more than half.  Absent gradients of
-    ``lse``/``alpha`` are not materialised (they are never used).
+    ``lse``/``alpha`` are not materialised (they are never used).  An optional
+    ninth entry of ``meta``, an object with a ``value`` attribute, receives the
+    folded AGNN backward's score sum (:class:`pyg_dfgnn.ops._AGNNPrologue`).
     """
 
     def forward(ctx, meta, dst_feat, src_feat, value, edge, att):
-        kind, g, plan, scale, negative_slope, dropout_p, seed, need_alpha = meta
+        kind, g, plan, scale, negative_slope, dropout_p, seed, need_alpha = meta[:8]
         extra = {}
         if cpu:   # choose the CPU kernels once for forward and backward
             extra["ops"] = ctx.ops = _cpu_ops(kind, src_feat, value)
@@ -402,7 +404,7 @@ def _eager_function(name: str, fwd, bwd, doc: str, cpu: bool) -> type:
         if grad_out is None:   # (out unused: only lse/alpha, which have no gradient)
             return (None,) * 6
         dst_feat, src_feat, value, edge, att, out, lse = ctx.saved_tensors
-        kind, g, plan, scale, slope, p, seed, _ = ctx.meta
+        kind, g, plan, scale, slope, p, seed = ctx.meta[:7]
         # (CUDA: keys that are the values get one gradient, the values' None)
         # (CUDA: q / k / v that are column blocks of one buffer get gradients
         # laid out alike, see _cuda_bwd)
@@ -410,6 +412,10 @@ def _eager_function(name: str, fwd, bwd, doc: str, cpu: bool) -> type:
         grads = bwd(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst_feat,
                     src_feat, value, edge, att, scale, slope, p, seed, out, lse, grad_out,
                     plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge, **extra)
+        if len(grads) > 5:   # (folded AGNN: the row pass's score sum, for beta's gradient)
+            if len(ctx.meta) > 8 and ctx.meta[8] is not None:
+                ctx.meta[8].value = grads[5]
+            grads = grads[:5]
         return (None,) + _input_grads(grads, value, edge, att)
 
     return type(name, (torch.autograd.Function,),
@@ -435,13 +441,15 @@ EagerAttentionCPU = _eager_function("EagerAttentionCPU", _cpu_fwd, _cpu_bwd, """
 def attention_on(kind: int, graph, plan, dst_feat: Tensor, src_feat: Tensor,
                  value: Optional[Tensor], edge: Optional[Tensor], att: Optional[Tensor],
                  scale: float, negative_slope: float, dropout_p: float,
-                 seed: Optional[Tensor], need_alpha: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                 seed: Optional[Tensor], need_alpha: bool,
+                 sink: Any = None) -> Tuple[Tensor, Tensor, Tensor]:
     """``attention_fwd`` with autograd on a CSR ``graph`` (index tensors as
     attributes: :class:`~pyg_dfgnn.graph.CSRGraph`) and its schedule ``plan``
     (:class:`~pyg_dfgnn.schedule.Plan`), by the cheapest correct route: the
     :class:`EagerAttention` / :class:`EagerAttentionCPU` functions for eager
     CUDA / CPU calls, the custom op while compiling or tracing, for float64 and
-    on other devices."""
+    on other devices.  ``sink``: see :class:`EagerAttention` (eager CUDA calls
+    with autograd only; ignored elsewhere)."""
     if src_feat.dtype != torch.float64 and not torch.compiler.is_compiling():
         cuda = src_feat.is_cuda
         if cuda or src_feat.is_cpu:
@@ -459,7 +467,7 @@ def attention_on(kind: int, graph, plan, dst_feat: Tensor, src_feat: Tensor,
                     src_feat, value, edge, att, scale, negative_slope, dropout_p, s,
                     need_alpha, plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge)
             return (EagerAttention if cuda else EagerAttentionCPU).apply(
-                (kind, graph, plan, scale, negative_slope, dropout_p, s, need_alpha),
+                (kind, graph, plan, scale, negative_slope, dropout_p, s, need_alpha, sink),
                 dst_feat, src_feat, value, edge, att)
     g = graph
     return attention_fwd(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm,
