@@ -42,16 +42,13 @@ SHAPES = [(4, 64), (8, 10), (8, 19)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def build(name, heads, feat, dtype, dev, n, in_channels=64):
-    """(PyG's layer, ours with its weights, input x); ``in_channels`` of the
-    multi-head layers (``None``: heads x feat, as ``dfgnn bench`` builds them)."""
+def build(name, heads, feat, dtype, dev, n):
     cls = LAYERS[name]
     torch.manual_seed(0)
     if name == "agnn":
         kw, fin = {"requires_grad": True}, heads * feat
     else:
-        fin = heads * feat if in_channels is None else in_channels
-        kw = {"in_channels": fin, "out_channels": feat, "heads": heads}
+        kw, fin = {"in_channels": 64, "out_channels": feat, "heads": heads}, 64
     ref = getattr(pygnn, cls)(**kw).to(dev, dtype).eval()
     ours = getattr(dnn, cls)(**kw).to(dev, dtype).eval()
     ours.load_state_dict(ref.state_dict())

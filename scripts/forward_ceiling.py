@@ -6,8 +6,7 @@ element-wise ops.  With the attention kernel taking no time at all, the
 forward speed-up would be ``PyG's forward / that shared work``: a cell whose
 ceiling is below issue 11's target cannot reach it by kernel work.
 
-Reads a ``scripts/kernel_ab.py --in-channels bench`` JSON-lines file (the
-bench's layer widths; GPU time of the no-grad
+Reads a ``scripts/kernel_ab.py`` JSON-lines file (GPU time of the no-grad
 forward, ``gpu_fwd_ms``, and of each attention kernel class, torch.profiler)
 and a ``dfgnn bench`` ``results.json`` (PyG's forward wall time per cell,
 CUDA events, medians), both from one GPU::

@@ -94,8 +94,7 @@ def _cases(a, spec, g, ei, dev, out, extra) -> None:
         lname, shp = case.split(":")
         heads, feat = (int(v) for v in shp.split("x"))
         for dname in a.dtypes.split(","):
-            _, ours, x = bs.build(lname, heads, feat, bs.DTYPES[dname], dev, g.num_nodes,
-                                  None if a.in_channels == "bench" else int(a.in_channels))
+            _, ours, x = bs.build(lname, heads, feat, bs.DTYPES[dname], dev, g.num_nodes)
             xs = x.detach().requires_grad_(True)
 
             def fwd():
@@ -188,9 +187,6 @@ def main(argv=None):
                     help="force the work-item order (pyg_dfgnn.schedule.override)")
     ap.add_argument("--split", type=int, default=None,
                     help="force the split length of super rows (0 = none)")
-    ap.add_argument("--in-channels", default="64",
-                    help="input width of the multi-head layers, or 'bench' (heads x "
-                         "features, as dfgnn bench builds them; scripts/forward_ceiling.py)")
     ap.add_argument("--compare", nargs="+")
     a = ap.parse_args(argv)
     if a.compare:
