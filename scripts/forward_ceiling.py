@@ -6,7 +6,8 @@ element-wise ops.  With the attention kernel taking no time at all, the
 forward speed-up would be ``PyG's forward / that shared work``: a cell whose
 ceiling is below issue 11's target cannot reach it by kernel work.
 
-Reads a ``scripts/kernel_ab.py`` JSON-lines file (GPU time of the no-grad
+Reads a ``scripts/kernel_ab.py`` JSON-lines file (its layers take the bench's
+64 input features, configs/bench_default.yaml; GPU time of the no-grad
 forward, ``gpu_fwd_ms``, and of each attention kernel class, torch.profiler)
 and a ``dfgnn bench`` ``results.json`` (PyG's forward wall time per cell,
 CUDA events, medians), both from one GPU::

@@ -406,7 +406,7 @@ def _agnn_prologue(x: Tensor, beta: Tensor, num_dst: int, eps: float):
 
 
 class _ScoreSum:
-    """Where the folded AGNN backward (``dfgnn_C::attention_bwd_folded``, run by
+    r"""Where the folded AGNN backward (``dfgnn_C::attention_bwd_folded``, run by
     :class:`~pyg_dfgnn.ops.fused.EagerAttention`) leaves its row pass's fp32
     :math:`\sum_{ij} dS_{ij} s_{ij}` for :class:`_AGNNPrologue`, whose node
     runs after the attention's in the same backward."""
