@@ -45,7 +45,7 @@ struct BwdIn { at::Tensor out, lse, grad_out; };
 struct BwdOut {
   at::Tensor d_dst, d_src, d_val, d_edge, d_att;
   // AGNN's kernels: with want_score_sum, score_sum gets the row pass's fp32
-  // sum_j dS_ij s_ij per (work item, head) (Params::score_sum)
+  // sum_j dS_ij s_ij per (launch column, work item, head) (Params::score_sum)
   bool want_score_sum = false;
   at::Tensor score_sum;
 };
@@ -96,10 +96,12 @@ std::tuple<at::Tensor, at::Tensor> stack_pad_heads(at::TensorList ws, at::Tensor
 // evenly strided with contiguous columns, what resize_cols takes; else -1
 // (pad_heads.cu)
 int64_t cols_ld(const at::Tensor& t);
-// Up to 8 tensors of one element size and device (each with cols_ld >= 0)
-// with their last dimension set to widths[i] (the first columns kept, zeros
-// beyond), as new contiguous tensors, in one launch (pad_heads.cu): the op pads
-// its feature inputs and unpads their gradients with it (dfgnn_ops.cpp, fit_all)
+// Up to kResizeColsMax tensors of one element size and device (each with
+// cols_ld >= 0) with their last dimension set to widths[i] (the first columns
+// kept, zeros beyond), as new contiguous tensors, in one launch (pad_heads.cu):
+// the op pads its feature inputs and unpads their gradients with it
+// (dfgnn_ops.cpp, resize_all)
+constexpr int kResizeColsMax = 8;
 std::vector<at::Tensor> resize_cols(const std::vector<at::Tensor>& ins,
                                     const std::vector<int64_t>& widths);
 

@@ -135,12 +135,12 @@ at::Tensor fit(const at::Tensor& t, int64_t fp) {
 }
 
 // Each *ts[i].first resized to ts[i].second columns: the tensors resize_cols
-// takes (CUDA, rows it can stride, one element size and device, up to 8
-// distinct tensors) in one launch (pad_heads.cu), the others by `one` (fit()
-// or unfit()).  One launch instead of a constant_pad_nd or a narrow-and-copy
-// each (an allocation, a fill and a copy: the host time of a small padded
-// call, docs/KERNELS.md session 27).  A tensor passed twice for one width is
-// resized once; null pointers and undefined tensors are skipped.
+// takes (CUDA, rows it can stride, one element size and device, up to
+// kResizeColsMax distinct tensors) in one launch (pad_heads.cu), the others by
+// `one` (fit() or unfit()).  One launch instead of a constant_pad_nd or a
+// narrow-and-copy each (an allocation, a fill and a copy: the host time of a
+// small padded call, docs/KERNELS.md session 27).  A tensor passed twice for
+// one width is resized once; null pointers and undefined tensors are skipped.
 template <typename One>
 void resize_all(const std::vector<std::pair<at::Tensor*, int64_t>>& ts, One one) {
   std::vector<at::Tensor*> dst;
@@ -157,8 +157,9 @@ void resize_all(const std::vector<std::pair<at::Tensor*, int64_t>>& ts, One one)
     for (size_t i = 0; i < ins.size(); ++i)
       if (ins[i].is_same(*t) && widths[i] == w) k = i;
     if (k == ins.size()) {
-      if (ins.size() >= 8 || (!ins.empty() && (t->element_size() != ins[0].element_size() ||
-                                               t->device() != ins[0].device()))) {
+      const bool full = ins.size() >= static_cast<size_t>(kResizeColsMax);
+      if (full || (!ins.empty() && (t->element_size() != ins[0].element_size() ||
+                                    t->device() != ins[0].device()))) {
         *t = one(*t, w);
         continue;
       }

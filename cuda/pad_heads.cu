@@ -29,7 +29,7 @@ namespace dfgnn {
 namespace {
 
 constexpr int kMaxMaps = 8;
-constexpr int kMaxCols = 8;
+constexpr int kMaxCols = kResizeColsMax;   // (attention_api.h)
 
 struct StackArgs {
   const void* w[kMaxMaps];

@@ -510,10 +510,9 @@ class _AGNNPrologue(torch.autograd.Function):
         """beta's gradient in its dtype: the score sum over beta where the
         attention left one (and beta is not 0), else ``from_dq``."""
         ssum = None if ctx.sink is None else ctx.sink.value
-        if ssum is not None:
+        if ssum is not None:   # (fp32: the 0-d quotient promotes beta and from_dq)
             ctx.sink.value = None
-            b = beta.to(ssum.dtype)
-            from_dq = torch.where(b != 0, ssum / b, from_dq.to(ssum.dtype))
+            from_dq = torch.where(beta != 0, ssum / beta, from_dq)
         return from_dq.to(beta.dtype)
 
 
