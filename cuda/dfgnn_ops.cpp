@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include "attention_api.h"
@@ -514,6 +515,122 @@ int64_t set_backward_mode(int64_t mode) {
 
 int64_t get_backward_mode() { return forced_backward_mode().load(); }
 
+// ------------------------------------------------------------------ GAT layer
+// A GAT layer's call on one node set as one op and one autograd node
+// (dfgnn_C::gat_layer; pyg_dfgnn/nn/gat_conv.py takes it on eager CUDA calls):
+// the projection h = x W^T [N, H, C], the node logits (gat_logits), the fused
+// attention with the bias in its epilogue, and in backward the fused backward,
+// the logits' backward and the projection's two GEMMs -- one call from Python
+// each way instead of the projection's op and autograd nodes, two ops and a
+// Python autograd Function (host time: docs/KERNELS.md, session 30).  Inputs
+// were validated in Python (the checks below guard the kernels only).
+
+// The graph, schedule and scalars of one call (the autograd node keeps them).
+struct GatCall {
+  const at::Tensor &rowptr, &col;
+  const optional<at::Tensor>& perm;
+  const at::Tensor &t_rowptr, &t_col, &t_perm;
+  at::IntArrayRef sched;
+  const optional<at::Tensor>&work, &merge, &t_work, &t_merge;
+  double slope, p;
+  int64_t seed;
+};
+
+struct GatLayerOut {
+  at::Tensor out, lse, h, a_src, a_dst;
+};
+
+GatLayerOut gat_layer_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& att_src,
+                              const at::Tensor& att_dst, const optional<at::Tensor>& bias,
+                              const GatCall& c) {
+  const int64_t H = att_src.size(-2), C = att_src.size(-1);
+  GatLayerOut r;
+  r.h = at::mm(x, w.t()).view({x.size(0), H, C});
+  std::tie(r.a_src, r.a_dst) = gat_logits(r.h, att_src, att_dst);
+  at::Tensor alpha;
+  std::tie(r.out, r.lse, alpha) = attention_fwd_impl(
+      0, c.rowptr, c.col, c.perm, c.t_rowptr, c.t_col, c.t_perm, r.a_dst, r.a_src, r.h,
+      c10::nullopt, bias, 1.0, c.slope, c.p, c.seed, false, c.sched, c.work, c.merge,
+      c.t_work, c.t_merge, at::Tensor());
+  return r;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// saved variables: x, w, att_src, att_dst, bias, h, a_src, a_dst, out, lse, then
+// the graph (rowptr, col, perm, t_rowptr, t_col, t_perm) and the schedule's
+// tensors (work, merge, t_work, t_merge); an absent one is an undefined tensor
+struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                               const at::Tensor& att_src, const at::Tensor& att_dst,
+                               const optional<at::Tensor>& bias, const GatCall* c) {
+    GatLayerOut r = gat_layer_forward(x, w, att_src, att_dst, bias, *c);
+    ctx->save_for_backward({x, w, att_src, att_dst, opt(bias), r.h, r.a_src, r.a_dst, r.out,
+                            r.lse, c->rowptr, c->col, opt(c->perm), c->t_rowptr, c->t_col,
+                            c->t_perm, opt(c->work), opt(c->merge), opt(c->t_work),
+                            opt(c->t_merge)});
+    ctx->saved_data["sched"] = c->sched.vec();
+    ctx->saved_data["slope"] = c->slope;
+    ctx->saved_data["p"] = c->p;
+    ctx->saved_data["seed"] = c->seed;
+    ctx->set_materialize_grads(false);
+    return {r.out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list none(6);
+    if (!grads[0].defined()) return none;
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w = s[1], &att_src = s[2], &att_dst = s[3], &h = s[5];
+    auto o = [&](size_t i) { return s[i].defined() ? optional<at::Tensor>(s[i]) : c10::nullopt; };
+    const std::vector<int64_t> sched = ctx->saved_data["sched"].toIntVector();
+    std::vector<at::Tensor> gs = attention_bwd_impl(
+        0, s[10], s[11], o(12), s[13], s[14], s[15], s[7], s[6], h, c10::nullopt, o(4), 1.0,
+        ctx->saved_data["slope"].toDouble(), ctx->saved_data["p"].toDouble(),
+        ctx->saved_data["seed"].toInt(), s[8], s[9], grads[0].contiguous(), sched, o(16),
+        o(17), o(18), o(19), false, false);
+    // gs: d a_dst, d a_src, d h, (d edge), d bias; the logits' share of d h added in place
+    at::Tensor d_h = gs[2];
+    at::Tensor d_as, d_ad;
+    std::tie(d_as, d_ad) = gat_logits_bwd(h, att_src, att_dst, gs[1], gs[0], d_h);
+    // the projection's gradients as autograd's mm formulas compute them
+    const at::Tensor d2 = d_h.view({h.size(0), h.size(1) * h.size(2)});
+    variable_list r(6);
+    if (ctx->needs_input_grad(0)) r[0] = at::mm(d2, w);
+    if (ctx->needs_input_grad(1)) r[1] = at::mm(x.t(), d2).t();
+    if (ctx->needs_input_grad(2)) r[2] = d_as;
+    if (ctx->needs_input_grad(3)) r[3] = d_ad;
+    if (s[4].defined() && ctx->needs_input_grad(4)) r[4] = gs[4];
+    return r;
+  }
+};
+
+#define DFGNN_GAT_LAYER_PARAMS                                                             \
+  const at::Tensor &x, const at::Tensor &w, const at::Tensor &att_src,                         \
+      const at::Tensor &att_dst, const optional<at::Tensor> &bias, const at::Tensor &rowptr,   \
+      const at::Tensor &col, const optional<at::Tensor> &perm, const at::Tensor &t_rowptr,     \
+      const at::Tensor &t_col, const at::Tensor &t_perm, at::IntArrayRef sched,                \
+      const optional<at::Tensor> &work, const optional<at::Tensor> &merge,                     \
+      const optional<at::Tensor> &t_work, const optional<at::Tensor> &t_merge, double slope,  \
+      double p, int64_t seed
+#define DFGNN_GAT_CALL \
+  GatCall { rowptr, col, perm, t_rowptr, t_col, t_perm, sched, work, merge, t_work, t_merge, slope, p, seed }
+
+// out [N, H * C]
+at::Tensor gat_layer_autograd(DFGNN_GAT_LAYER_PARAMS) {
+  const GatCall c = DFGNN_GAT_CALL;
+  at::Tensor out = GatLayerFn::apply(x, w, att_src, att_dst, bias, &c)[0];
+  return out.view({out.size(0), out.size(1) * out.size(2)});
+}
+
+// (no autograd: inference mode)
+at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
+  const GatCall c = DFGNN_GAT_CALL;
+  at::Tensor out = gat_layer_forward(x, w, att_src, att_dst, bias, c).out;
+  return out.view({out.size(0), out.size(1) * out.size(2)});
+}
+
 }  // namespace
 }  // namespace dfgnn
 
@@ -531,6 +648,10 @@ TORCH_LIBRARY(dfgnn_C, m) {
         "Tensor beta, float eps) -> (Tensor, Tensor)");
   m.def("stack_pad_heads(Tensor[] ws, Tensor[] bs, int heads, int chans, int width) "
         "-> (Tensor, Tensor)");
+  m.def("gat_layer(Tensor x, Tensor weight, Tensor att_src, Tensor att_dst, Tensor? bias, "
+        "Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, Tensor t_col, "
+        "Tensor t_perm, int[] sched, Tensor? work, Tensor? merge, Tensor? t_work, "
+        "Tensor? t_merge, float negative_slope, float dropout_p, int seed) -> Tensor");
   m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
   m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
 }
@@ -546,4 +667,9 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("agnn_prologue", &dfgnn::agnn_prologue);
   m.impl("agnn_prologue_bwd", &dfgnn::agnn_prologue_bwd);
   m.impl("stack_pad_heads", &dfgnn::stack_pad_heads);
+  m.impl("gat_layer", &dfgnn::gat_layer_cuda);
+}
+
+TORCH_LIBRARY_IMPL(dfgnn_C, Autograd, m) {
+  m.impl("gat_layer", &dfgnn::gat_layer_autograd);
 }

@@ -609,6 +609,26 @@ def gat_node_attention_on(graph, plan, x: Tensor, att_src: Tensor, att_dst: Tens
     return EagerGATNodeAttention.apply(meta, x, att_src, att_dst, edge, bias)
 
 
+def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor,
+                 bias: Optional[Tensor], negative_slope: float, dropout_p: float,
+                 seed: Optional[Tensor]) -> Tensor:
+    """A GAT layer's call on one node set, ``[N, H * C]``, as one op and one
+    autograd node (``dfgnn_C::gat_layer``, eager CUDA calls): the projection
+    ``h = x W^T`` viewed ``[N, H, C]`` (``weight [H * C, in]``), the node logits
+    of :func:`gat_node_attention_on` (``att_src`` / ``att_dst`` ``[1, H, C]``
+    or ``[H, C]``), the fused attention with ``bias [H, C]`` (or ``None``) in
+    its epilogue; its backward is the fused backward, the logits' backward and
+    the projection's two GEMMs, in C++.  The caller validated everything: one
+    dtype and device for all tensors, ``x [N, in]`` with ``N`` the graph's
+    source and destination nodes, the schedule ``plan`` for ``(GAT, C, H,
+    x.dtype)`` (:class:`pyg_dfgnn.nn.GATConv`)."""
+    g = graph
+    return _ext().gat_layer(x, weight, att_src, att_dst, bias, g.rowptr, g.col, g.perm,
+                            g.t_rowptr, g.t_col, g.t_perm, plan.sched, plan.work, plan.merge,
+                            plan.t_work, plan.t_merge, negative_slope, dropout_p,
+                            _seed_int(seed))
+
+
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
     """``attention_fwd(*args)`` (the op's 22 arguments) with autograd, by the
     cheapest correct route (:func:`attention_on`)."""
