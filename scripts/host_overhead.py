@@ -161,6 +161,23 @@ def profile_ops(conv, x, ei, calls: int, top: int) -> str:
     return "\n".join(table(pf, "forward") + table(pb, "backward"))
 
 
+class _Stack(torch.nn.Module):
+    """``depth`` copies of a layer applied one after the other (``--stack``):
+    one forward and one backward call cover all of them, as in a model, so the
+    per-layer backward time does not include the autograd engine's start of a
+    ``backward()`` call per layer."""
+
+    def __init__(self, conv, depth: int):
+        super().__init__()
+        import copy
+        self.convs = torch.nn.ModuleList(copy.deepcopy(conv) for _ in range(depth))
+
+    def forward(self, x, edge_index):
+        for c in self.convs:
+            x = c(x, edge_index)
+        return x
+
+
 class _Floor(torch.nn.Module):
     """The host-time floor of a layer on this machine: PyTorch's own
     ``nn.Linear(width, width)`` (one GEMM with bias; its backward two GEMMs and
@@ -182,15 +199,19 @@ def main_gpu(a):
     x = torch.randn(b.num_nodes, a.width, device=dev, dtype=dt, requires_grad=True)
     print(f"{torch.cuda.get_device_name()}: batch of {a.graphs} graphs ({b.num_nodes} nodes, "
           f"{ei.size(1)} edges), width {a.width}, {a.heads} heads, training mode "
-          f"(dropout {DROPOUT}), {a.dtype}; host us per call")
+          f"(dropout {DROPOUT}), {a.dtype}; host us per call"
+          + (f" and layer (stacks of {a.stack})" if a.stack > 1 else ""))
     for name, (mine, theirs) in layers(a.width, a.heads).items():
         if a.layers and name not in a.layers.split(","):
             continue
         torch.manual_seed(0)
         mine, theirs = mine.to(dev, dt).train(), theirs.to(dev, dt).train()
         theirs.load_state_dict(mine.state_dict())
-        f1, b1, cf1, cb1 = host_times(mine, x, ei, a.calls, a.rounds)
-        f2, b2, cf2, cb2 = host_times(theirs, x, ei, a.calls, a.rounds)
+        if a.stack > 1:
+            mine, theirs = _Stack(mine, a.stack), _Stack(theirs, a.stack)
+        d = max(a.stack, 1)
+        f1, b1, cf1, cb1 = (t / d for t in host_times(mine, x, ei, a.calls, a.rounds))
+        f2, b2, cf2, cb2 = (t / d for t in host_times(theirs, x, ei, a.calls, a.rounds))
         print(f"{name:6s} fused: forward {f1:6.1f} us, backward {b1:6.1f} us "
               f"(CPU {cf1:6.1f} / {cb1:6.1f}) | pyg: forward {f2:6.1f} us, backward "
               f"{b2:6.1f} us (CPU {cf2:6.1f} / {cb2:6.1f})", flush=True)
@@ -199,7 +220,10 @@ def main_gpu(a):
         if a.profile:
             print(profile_ops(mine, x, ei, a.calls, a.profile))
     floor = _Floor(a.width).to(dev, dt).train()
-    f0, b0, cf0, cb0 = host_times(floor, x, ei, a.calls, a.rounds)
+    d = max(a.stack, 1)
+    if a.stack > 1:
+        floor = _Stack(floor, a.stack)
+    f0, b0, cf0, cb0 = (t / d for t in host_times(floor, x, ei, a.calls, a.rounds))
     print(f"{'floor':6s} torch.nn.Linear({a.width}, {a.width}): forward {f0:6.1f} us, "
           f"backward {b0:6.1f} us (CPU {cf0:6.1f} / {cb0:6.1f}; one GEMM: the host cost of "
           f"the smallest layer)", flush=True)
@@ -359,6 +383,9 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                     help="GPU: the layers' and inputs' dtype (modules converted, no autocast)")
     ap.add_argument("--layers", default="", help="comma-separated subset of gat,gatv2,gt,agnn")
+    ap.add_argument("--stack", type=int, default=1,
+                    help="GPU: time a stack of this many copies of each layer (one forward, "
+                         "one backward per call), per layer")
     ap.add_argument("--top", type=int, default=0)
     ap.add_argument("--profile", type=int, default=0,
                     help="GPU: torch.profiler breakdown of the fused layer's host time "
