@@ -558,18 +558,34 @@ GatLayerOut gat_layer_forward(const at::Tensor& x, const at::Tensor& w, const at
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// saved variables: x, w, att_src, att_dst, bias, h, a_src, a_dst, out, lse, then
-// the graph (rowptr, col, perm, t_rowptr, t_col, t_perm) and the schedule's
-// tensors (work, merge, t_work, t_merge); an absent one is an undefined tensor
+// The graph (rowptr, col, perm, t_rowptr, t_col, t_perm) and the schedule's
+// tensors (work, merge, t_work, t_merge) as the autograd node keeps them: in its
+// saved data, not as saved variables (the graph cache's tensors may have been
+// made under torch.inference_mode, and such tensors cannot be saved for
+// backward); an absent one is an undefined tensor.
+std::vector<at::Tensor> graph_tensors(const at::Tensor& rowptr, const at::Tensor& col,
+                                      const optional<at::Tensor>& perm,
+                                      const at::Tensor& t_rowptr, const at::Tensor& t_col,
+                                      const at::Tensor& t_perm, const optional<at::Tensor>& work,
+                                      const optional<at::Tensor>& merge,
+                                      const optional<at::Tensor>& t_work,
+                                      const optional<at::Tensor>& t_merge) {
+  return {rowptr, col, opt(perm), t_rowptr, t_col, t_perm,
+          opt(work), opt(merge), opt(t_work), opt(t_merge)};
+}
+
+// saved variables: x, w, att_src, att_dst, bias, h, a_src, a_dst, out, lse (an
+// absent bias: an undefined tensor)
 struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                                const at::Tensor& att_src, const at::Tensor& att_dst,
                                const optional<at::Tensor>& bias, const GatCall* c) {
     GatLayerOut r = gat_layer_forward(x, w, att_src, att_dst, bias, *c);
     ctx->save_for_backward({x, w, att_src, att_dst, opt(bias), r.h, r.a_src, r.a_dst, r.out,
-                            r.lse, c->rowptr, c->col, opt(c->perm), c->t_rowptr, c->t_col,
-                            c->t_perm, opt(c->work), opt(c->merge), opt(c->t_work),
-                            opt(c->t_merge)});
+                            r.lse});
+    ctx->saved_data["graph"] = graph_tensors(c->rowptr, c->col, c->perm, c->t_rowptr,
+                                             c->t_col, c->t_perm, c->work, c->merge, c->t_work,
+                                             c->t_merge);
     ctx->saved_data["sched"] = c->sched.vec();
     ctx->saved_data["slope"] = c->slope;
     ctx->saved_data["p"] = c->p;
@@ -583,22 +599,25 @@ struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
     if (!grads[0].defined()) return none;
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &w = s[1], &att_src = s[2], &att_dst = s[3], &h = s[5];
-    auto o = [&](size_t i) { return s[i].defined() ? optional<at::Tensor>(s[i]) : c10::nullopt; };
+    const std::vector<at::Tensor> gr = ctx->saved_data["graph"].toTensorVector();
+    auto o = [&](size_t i) { return gr[i].defined() ? optional<at::Tensor>(gr[i]) : c10::nullopt; };
     const std::vector<int64_t> sched = ctx->saved_data["sched"].toIntVector();
     std::vector<at::Tensor> gs = attention_bwd_impl(
-        0, s[10], s[11], o(12), s[13], s[14], s[15], s[7], s[6], h, c10::nullopt, o(4), 1.0,
+        0, gr[0], gr[1], o(2), gr[3], gr[4], gr[5], s[7], s[6], h, c10::nullopt,
+        s[4].defined() ? optional<at::Tensor>(s[4]) : c10::nullopt, 1.0,
         ctx->saved_data["slope"].toDouble(), ctx->saved_data["p"].toDouble(),
-        ctx->saved_data["seed"].toInt(), s[8], s[9], grads[0].contiguous(), sched, o(16),
-        o(17), o(18), o(19), false, false);
+        ctx->saved_data["seed"].toInt(), s[8], s[9], grads[0].contiguous(), sched, o(6), o(7),
+        o(8), o(9), false, false);
     // gs: d a_dst, d a_src, d h, (d edge), d bias; the logits' share of d h added in place
     at::Tensor d_h = gs[2];
     at::Tensor d_as, d_ad;
     std::tie(d_as, d_ad) = gat_logits_bwd(h, att_src, att_dst, gs[1], gs[0], d_h);
-    // the projection's gradients as autograd's mm formulas compute them
+    // the projection's gradients as autograd's mm formulas compute them (for
+    // x W^T with a row-major W: d x = d h W, d W = d h^T x)
     const at::Tensor d2 = d_h.view({h.size(0), h.size(1) * h.size(2)});
     variable_list r(6);
     if (ctx->needs_input_grad(0)) r[0] = at::mm(d2, w);
-    if (ctx->needs_input_grad(1)) r[1] = at::mm(x.t(), d2).t();
+    if (ctx->needs_input_grad(1)) r[1] = at::mm(d2.t(), x);
     if (ctx->needs_input_grad(2)) r[2] = d_as;
     if (ctx->needs_input_grad(3)) r[3] = d_ad;
     if (s[4].defined() && ctx->needs_input_grad(4)) r[4] = gs[4];
@@ -631,6 +650,231 @@ at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
   return out.view({out.size(0), out.size(1) * out.size(2)});
 }
 
+// ---------------------------------------------------------- Transformer layer
+// A TransformerConv call on one node set (concatenated heads, root weight, no
+// beta, no edge features) as one op and one autograd node
+// (dfgnn_C::transformer_layer; pyg_dfgnn/nn/transformer_conv.py): q / k / v
+// as the column blocks of one GEMM with the weights stacked and each head's
+// rows zero-padded to the kernels' width W (stack_pad_heads), the skip
+// projection x W_s^T + b_s, the fused dot attention (scale 1 / sqrt(C)) and
+// out = attention[..., :C] + skip.  Backward: the fused backward writing
+// d q / k / v as the blocks of one buffer, the projections' GEMMs (the
+// padding rows dropped from the weight and bias gradients), the bias
+// gradients as column sums (a GEMV where ``gemv``).  Without autograd the
+// skip is the GEMM's 4th block, added in the attention's epilogue where the
+// heads are not padded -- what the layer's path of several ops computes
+// (nn/transformer_conv.py, nn/_glue.py: _Projections).
+
+struct DotCall {
+  const at::Tensor &rowptr, &col;
+  const optional<at::Tensor>& perm;
+  const at::Tensor &t_rowptr, &t_col, &t_perm;
+  at::IntArrayRef sched;
+  const optional<at::Tensor>&work, &merge, &t_work, &t_merge;
+  double scale, p;
+  int64_t seed, heads, chans, width;
+  bool gemv;
+};
+
+at::Tensor column_sum(const at::Tensor& g2, bool gemv) {
+  return gemv ? at::mv(g2.t(), at::ones({g2.size(0)}, g2.options())) : g2.sum(0);
+}
+
+// rows chans..width-1 of every head of a [n_heads * width, ...] tensor dropped
+at::Tensor unpad_rows(const at::Tensor& t, int64_t n_heads, int64_t chans, int64_t width) {
+  if (width == chans) return t;
+  std::vector<int64_t> shape{n_heads, width};
+  for (int64_t d = 1; d < t.dim(); ++d) shape.push_back(t.size(d));
+  std::vector<int64_t> flat{n_heads * chans};
+  for (int64_t d = 1; d < t.dim(); ++d) flat.push_back(t.size(d));
+  return t.view(shape).narrow(1, 0, chans).reshape(flat);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dot_attention_fwd(const at::Tensor& q,
+                                                                 const at::Tensor& k,
+                                                                 const at::Tensor& v,
+                                                                 const DotCall& c,
+                                                                 const at::Tensor& residual) {
+  return attention_fwd_impl(2, c.rowptr, c.col, c.perm, c.t_rowptr, c.t_col, c.t_perm, q, k, v,
+                            c10::nullopt, c10::nullopt, c.scale, 0.0, c.p, c.seed, false,
+                            c.sched, c.work, c.merge, c.t_work, c.t_merge, residual);
+}
+
+// [N, H * W] block b of a [N, n * H * W] projection output, as [N, H, W]
+at::Tensor block(const at::Tensor& y, int64_t b, int64_t H, int64_t W) {
+  return y.narrow(1, b * H * W, H * W).view({y.size(0), H, W});
+}
+
+// [N, H, C] as the layer's [N, H * C] output (a copy where C is a padded width's
+// slice, as the path of several ops' reshape makes)
+at::Tensor heads_out(const at::Tensor& out, int64_t C) {
+  const at::Tensor o = out.size(2) == C ? out : out.narrow(2, 0, C);
+  return o.reshape({o.size(0), o.size(1) * C});
+}
+
+// forward without autograd: the skip (a 4th weight in ws, or none) as the
+// GEMM's 4th block, added in the kernels' epilogue where the heads are not padded
+at::Tensor transformer_layer_nograd(const at::Tensor& x, at::TensorList ws, at::TensorList bs,
+                                    const DotCall& c) {
+  const int64_t H = c.heads, C = c.chans, W = c.width;
+  at::Tensor wp, bp;
+  std::tie(wp, bp) = stack_pad_heads(ws, bs, H, C, W);
+  const at::Tensor y = bs.empty() ? at::mm(x, wp.t()) : at::addmm(bp, x, wp.t());
+  const at::Tensor q = block(y, 0, H, W), k = block(y, 1, H, W), v = block(y, 2, H, W);
+  if (ws.size() < 4) return heads_out(std::get<0>(dot_attention_fwd(q, k, v, c, at::Tensor())), C);
+  const at::Tensor skip = block(y, 3, H, W).narrow(2, 0, C);
+  if (W == C) return heads_out(std::get<0>(dot_attention_fwd(q, k, v, c, skip)), C);
+  return heads_out(std::get<0>(dot_attention_fwd(q, k, v, c, at::Tensor())).narrow(2, 0, C) + skip,
+                   C);
+}
+
+// saved variables: x, the stacked padded q / k / v weight, the skip weight (or
+// an undefined tensor: no root weight), the projection output y [N, 3 H W],
+// the attention output [N, H, W], lse (the graph and schedule: graph_tensors).
+// Its output: [N, H, C], the attention output's first C columns (+ the skip).
+struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wq,
+                               const optional<at::Tensor>& bq, const at::Tensor& wk,
+                               const optional<at::Tensor>& bk, const at::Tensor& wv,
+                               const optional<at::Tensor>& bv, const optional<at::Tensor>& ws,
+                               const optional<at::Tensor>& bs, const DotCall* c) {
+    const int64_t N = x.size(0), H = c->heads, C = c->chans, W = c->width;
+    const bool has_b = bq.has_value();   // (q / k / v: all biases or none)
+    at::Tensor wp, bp;
+    if (has_b) std::tie(wp, bp) = stack_pad_heads({wq, wk, wv}, {*bq, *bk, *bv}, H, C, W);
+    else std::tie(wp, bp) = stack_pad_heads({wq, wk, wv}, {}, H, C, W);
+    const at::Tensor y = has_b ? at::addmm(bp, x, wp.t()) : at::mm(x, wp.t());
+    at::Tensor attn, lse, alpha;
+    std::tie(attn, lse, alpha) = dot_attention_fwd(block(y, 0, H, W), block(y, 1, H, W),
+                                                   block(y, 2, H, W), *c, at::Tensor());
+    // [N, H, C]: the attention's first C columns (+ the skip)
+    at::Tensor out = W == C ? attn : attn.narrow(2, 0, C);
+    if (ws.has_value()) {
+      const at::Tensor skip = bs.has_value() ? at::addmm(*bs, x, ws->t()) : at::mm(x, ws->t());
+      out = out + skip.view({N, H, C});
+    } else if (W != C) {
+      out = out.contiguous();
+    }
+    ctx->save_for_backward({x, wp, opt(ws), y, attn, lse});
+    ctx->saved_data["graph"] = graph_tensors(c->rowptr, c->col, c->perm, c->t_rowptr,
+                                             c->t_col, c->t_perm, c->work, c->merge, c->t_work,
+                                             c->t_merge);
+    ctx->saved_data["sched"] = c->sched.vec();
+    ctx->saved_data["scale"] = c->scale;
+    ctx->saved_data["p"] = c->p;
+    ctx->saved_data["seed"] = c->seed;
+    ctx->saved_data["hcw"] = std::vector<int64_t>{H, C, W, c->gemv ? 1 : 0, has_b ? 1 : 0,
+                                                  ws.has_value() ? 1 : 0, bs.has_value() ? 1 : 0};
+    ctx->set_materialize_grads(false);
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list r(10);
+    if (!grads[0].defined()) return r;
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &wp = s[1], &ws = s[2], &y = s[3];   // (ws: or undefined)
+    const std::vector<int64_t> hcw = ctx->saved_data["hcw"].toIntVector();
+    const int64_t H = hcw[0], C = hcw[1], W = hcw[2], N = x.size(0);
+    const bool gemv = hcw[3] != 0, has_b = hcw[4] != 0, has_ws = hcw[5] != 0,
+               has_bs = hcw[6] != 0;
+    // the forward's arguments x, wq, bq, wk, bk, wv, bv, ws, bs: whether each was
+    // a variable (absent biases were not), and so its index among the node's inputs
+    const bool present[9] = {true, true, has_b, true, has_b, true, has_b, has_ws, has_bs};
+    int64_t var[9];
+    for (int64_t i = 0, n = 0; i < 9; ++i) var[i] = present[i] ? n++ : -1;
+    auto needs = [&](int i) { return var[i] >= 0 && ctx->needs_input_grad(var[i]); };
+    const std::vector<at::Tensor> gr = ctx->saved_data["graph"].toTensorVector();
+    auto o = [&](size_t i) { return gr[i].defined() ? optional<at::Tensor>(gr[i]) : c10::nullopt; };
+    const std::vector<int64_t> sched = ctx->saved_data["sched"].toIntVector();
+    const optional<at::Tensor> perm = o(2), work = o(6), merge = o(7), t_work = o(8),
+                               t_merge = o(9);
+    const DotCall c{gr[0], gr[1], perm, gr[3], gr[4], gr[5], sched, work, merge, t_work, t_merge,
+                    ctx->saved_data["scale"].toDouble(), ctx->saved_data["p"].toDouble(),
+                    ctx->saved_data["seed"].toInt(), H, C, W, gemv};
+    // (the output's gradient: the skip's, and the attention output's first C columns')
+    const at::Tensor g2 = grads[0].reshape({N, H * C}).contiguous();
+    at::Tensor g3 = g2.view({N, H, C});
+    if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
+    const at::Tensor q = block(y, 0, H, W), k = block(y, 1, H, W), v = block(y, 2, H, W);
+    std::vector<at::Tensor> gs = attention_bwd_impl(
+        2, c.rowptr, c.col, c.perm, c.t_rowptr, c.t_col, c.t_perm, q, k, v, c10::nullopt,
+        c10::nullopt, c.scale, 0.0, c.p, c.seed, s[4], s[5], g3, c.sched, c.work, c.merge,
+        c.t_work, c.t_merge, false, true);
+    // d q / k / v: the column blocks of one buffer [N, 3 H W] (qkv_blocks), else joined
+    const int64_t w = H * W;
+    const at::Tensor &dq = gs[0], &dk = gs[1], &dv = gs[2];
+    const int64_t es = (int64_t)dq.element_size();
+    const bool one = N > 0 && dq.stride(0) == 3 * w && dk.stride(0) == 3 * w &&
+                     dv.stride(0) == 3 * w &&
+                     (char*)dk.data_ptr() == (char*)dq.data_ptr() + w * es &&
+                     (char*)dv.data_ptr() == (char*)dq.data_ptr() + 2 * w * es;
+    const at::Tensor dy = one ? dq.as_strided({N, 3 * w}, {3 * w, 1})
+                              : at::cat({dq.reshape({N, w}), dk.reshape({N, w}),
+                                         dv.reshape({N, w})}, 1);
+    if (needs(0)) r[0] = has_ws ? at::mm(dy, wp).addmm_(g2, ws) : at::mm(dy, wp);
+    if (needs(1) || needs(3) || needs(5)) {
+      const at::Tensor dw = unpad_rows(at::mm(dy.t(), x), 3 * H, C, W);
+      for (int i = 0; i < 3; ++i)
+        if (needs(1 + 2 * i)) r[1 + 2 * i] = dw.narrow(0, i * H * C, H * C);
+    }
+    if (needs(2) || needs(4) || needs(6)) {
+      const at::Tensor db = unpad_rows(column_sum(dy, gemv), 3 * H, C, W);
+      for (int i = 0; i < 3; ++i)
+        if (needs(2 + 2 * i)) r[2 + 2 * i] = db.narrow(0, i * H * C, H * C);
+    }
+    if (needs(7)) r[7] = at::mm(g2.t(), x);
+    if (needs(8)) r[8] = column_sum(g2, gemv);
+    return r;
+  }
+};
+
+#define DFGNN_TRANSFORMER_LAYER_PARAMS                                                     \
+  const at::Tensor &x, const at::Tensor &wq, const optional<at::Tensor> &bq,                  \
+      const at::Tensor &wk, const optional<at::Tensor> &bk, const at::Tensor &wv,              \
+      const optional<at::Tensor> &bv, const optional<at::Tensor> &ws,                          \
+      const optional<at::Tensor> &bs, const at::Tensor &rowptr, const at::Tensor &col,         \
+      const optional<at::Tensor> &perm, const at::Tensor &t_rowptr, const at::Tensor &t_col,  \
+      const at::Tensor &t_perm, at::IntArrayRef sched, const optional<at::Tensor> &work,      \
+      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                  \
+      const optional<at::Tensor> &t_merge, double scale, double p, int64_t seed,              \
+      int64_t heads, int64_t chans, int64_t width, bool gemv
+#define DFGNN_DOT_CALL                                                                      \
+  DotCall {                                                                                 \
+    rowptr, col, perm, t_rowptr, t_col, t_perm, sched, work, merge, t_work, t_merge, scale,  \
+        p, seed, heads, chans, width, gemv                                                 \
+  }
+
+at::Tensor transformer_layer_nograd_call(DFGNN_TRANSFORMER_LAYER_PARAMS) {
+  const DotCall c = DFGNN_DOT_CALL;
+  std::vector<at::Tensor> w{wq, wk, wv};
+  if (ws.has_value()) w.push_back(*ws);
+  if (!bq.has_value() && !bs.has_value()) return transformer_layer_nograd(x, w, {}, c);
+  // (biases on some maps only: zeros for the others; the path of several ops
+  // then keeps the skip's own GEMM, which computes the same)
+  auto b = [&](const optional<at::Tensor>& t) {
+    return t.has_value() ? *t : at::zeros_like(wq.select(1, 0));
+  };
+  std::vector<at::Tensor> bl{b(bq), b(bk), b(bv)};
+  if (ws.has_value()) bl.push_back(b(bs));
+  return transformer_layer_nograd(x, w, bl, c);
+}
+
+// out [N, H * C]
+at::Tensor transformer_layer_autograd(DFGNN_TRANSFORMER_LAYER_PARAMS) {
+  auto rg = [](const optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || wq.requires_grad() || rg(bq) || wk.requires_grad() ||
+                     rg(bk) || wv.requires_grad() || rg(bv) || rg(ws) || rg(bs));
+  if (!grad)
+    return transformer_layer_nograd_call(x, wq, bq, wk, bk, wv, bv, ws, bs, rowptr, col, perm,
+                                         t_rowptr, t_col, t_perm, sched, work, merge, t_work,
+                                         t_merge, scale, p, seed, heads, chans, width, gemv);
+  const DotCall c = DFGNN_DOT_CALL;
+  at::Tensor out = TransformerLayerFn::apply(x, wq, bq, wk, bk, wv, bv, ws, bs, &c)[0];
+  return out.view({out.size(0), out.size(1) * out.size(2)});
+}
+
 }  // namespace
 }  // namespace dfgnn
 
@@ -652,6 +896,11 @@ TORCH_LIBRARY(dfgnn_C, m) {
         "Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, Tensor t_col, "
         "Tensor t_perm, int[] sched, Tensor? work, Tensor? merge, Tensor? t_work, "
         "Tensor? t_merge, float negative_slope, float dropout_p, int seed) -> Tensor");
+  m.def("transformer_layer(Tensor x, Tensor wq, Tensor? bq, Tensor wk, Tensor? bk, Tensor wv, "
+        "Tensor? bv, Tensor? ws, Tensor? bs, Tensor rowptr, Tensor col, Tensor? perm, "
+        "Tensor t_rowptr, Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, "
+        "Tensor? merge, Tensor? t_work, Tensor? t_merge, float scale, float dropout_p, "
+        "int seed, int heads, int chans, int width, bool gemv) -> Tensor");
   m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
   m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
 }
@@ -668,8 +917,10 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("agnn_prologue_bwd", &dfgnn::agnn_prologue_bwd);
   m.impl("stack_pad_heads", &dfgnn::stack_pad_heads);
   m.impl("gat_layer", &dfgnn::gat_layer_cuda);
+  m.impl("transformer_layer", &dfgnn::transformer_layer_nograd_call);
 }
 
 TORCH_LIBRARY_IMPL(dfgnn_C, Autograd, m) {
   m.impl("gat_layer", &dfgnn::gat_layer_autograd);
+  m.impl("transformer_layer", &dfgnn::transformer_layer_autograd);
 }

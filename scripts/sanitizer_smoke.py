@@ -147,18 +147,36 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         (q.float().sum() + c.float().sum() + k.float().square().sum()).backward()
         q, c, k = ops._AGNNPrologue.apply(xa, ba, nd, 1e-3)
         c.float().sum().backward()
-# GAT's one-op layer path (dfgnn_C::gat_layer, GATConv._layer_op): every
-# dtype, widths the kernels take as they are and ones the op pads, with and
-# without a bias, dropout, a super node, inference mode
+# the one-op layer paths (dfgnn_C::gat_layer, dfgnn_C::transformer_layer;
+# GATConv / TransformerConv._layer_op): every dtype, widths the kernels take as
+# they are and ones padded, with and without a (skip) bias, dropout, a super
+# node, without autograd and in inference mode, below and above the GPU-bound
+# size (the latter: padded projections, GEMV bias gradients)
 from pyg_dfgnn.nn import GATConv  # noqa: E402
 ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
-for dtype in (torch.float32, torch.bfloat16, torch.float16):
-    for heads, chans, bias in ((8, 10, True), (8, 19, True), (4, 64, False), (1, 300, True),
-                               (32, 4, True)):
-        conv = GATConv(16, chans, heads=heads, bias=bias, dropout=0.3).to("cuda", dtype)
-        xg = torch.randn(60, 16, device="cuda", dtype=dtype, requires_grad=True)
-        conv(xg, ei).backward(torch.randn(60, heads * chans, device="cuda", dtype=dtype))
-        with torch.inference_mode():
-            conv.eval()(xg.detach(), ei)
+for cls in (GATConv, TransformerConv):
+    for bound in (1 << 22, 0):
+        _padded.GPU_BOUND_ELEMENTS = bound
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for heads, chans, bias in ((8, 10, True), (8, 19, True), (4, 64, False),
+                                       (1, 300, True), (32, 4, True)):
+                conv = cls(16, chans, heads=heads, bias=bias, dropout=0.3).to("cuda", dtype)
+                xg = torch.randn(60, 16, device="cuda", dtype=dtype, requires_grad=True)
+                conv(xg, ei).backward(torch.randn(60, heads * chans, device="cuda",
+                                                  dtype=dtype))
+                with torch.no_grad():
+                    conv(xg, ei)
+                with torch.inference_mode():
+                    conv.eval()(xg.detach(), ei)
+# (and the layers' paths of several ops, which calls that need them take)
+from pyg_dfgnn.nn import gat_conv, transformer_conv  # noqa: E402
+for mod, cls in ((gat_conv, GATConv), (transformer_conv, TransformerConv)):
+    mod.LAYER_OP[0] = False
+    for heads, chans in ((8, 10), (8, 19)):
+        conv = cls(16, chans, heads=heads, dropout=0.3).cuda()
+        xg = torch.randn(60, 16, device="cuda", requires_grad=True)
+        conv(xg, ei).sum().backward()
+    mod.LAYER_OP[0] = True
+_padded.GPU_BOUND_ELEMENTS = 1 << 22
 torch.cuda.synchronize()
 print("sanitizer smoke: done")

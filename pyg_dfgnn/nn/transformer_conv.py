@@ -10,11 +10,22 @@ from torch import Tensor
 from torch_geometric.nn.conv.transformer_conv import TransformerConv as _PyGTransformerConv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
-from ..ops import DOT, dot_attention
+from ..graph import CSRGraph
+from ..ops import DOT, _seed, dot_attention
+from ..ops.fused import transformer_layer_on
+from ..schedule import plan_for
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
-from ._glue import apply_linear, fused_projections
+from ._glue import _global_hooks, _plain, _use, apply_linear, fused_projections
 from ._padded import gpu_bound, kernel_width, padded_linear, unpad
+
+#: whether eager CUDA calls take the one-op layer path
+#: (:meth:`TransformerConv._layer_op`); the tests switch it off to compare with
+#: the path of several ops
+LAYER_OP = [True]
+
+#: the dtypes of the one-op layer path (the CUDA kernels' own)
+_LAYER_OP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 #: devices whose eager GPU-bound calls (:func:`._padded.gpu_bound`) project q, k
@@ -80,6 +91,59 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         finally:
             self._fused_need_alpha = False
 
+    def _layer_op(self, x: Tensor, edge_index: Adj) -> Optional[Tensor]:
+        """The call's output from one op and one autograd node
+        (:func:`pyg_dfgnn.ops.fused.transformer_layer_on`: the projections,
+        the attention and the skip connection in C++, forward and backward),
+        or ``None`` where that path does not apply.
+
+        It applies to the common eager CUDA call on one node set: ``x [N,
+        in]`` in fp32 / bf16 / fp16 with every parameter in its dtype and on
+        its device, no autocast, concatenated heads, no ``beta`` (the root
+        weight or none), no edge features (``edge_dim`` unset), plain linear maps
+        (no hooks) with biases on all of q / k / v or none, and an
+        ``edge_index`` tensor.
+        It computes what the path of several ops computes on such a call (the
+        same kernels and GEMMs; q / k / v in the width :func:`kernel_width`
+        gives, the skip as the GEMM's 4th block without autograd) with a few
+        host calls instead of about thirty (host time: docs/KERNELS.md,
+        session 30)."""
+        if not (LAYER_OP[0] and x.is_cuda and x.dim() == 2 and x.dtype in _LAYER_OP_DTYPES
+                and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
+                and not torch.compiler.is_compiling()
+                and not torch.is_autocast_enabled("cuda")):
+            return None
+        if not (self.concat and self.lin_beta is None and self.lin_edge is None) \
+                or _global_hooks():
+            return None
+        H, C = self.heads, self.out_channels
+        n, dt, dev = x.size(0), x.dtype, x.device
+        lins = []
+        maps = (self.lin_query, self.lin_key, self.lin_value)
+        for lin in maps + ((self.lin_skip,) if self.root_weight else ()):
+            if not _plain(lin):
+                return None
+            w, b = lin.weight, lin.bias
+            if (w.shape != (H * C, x.size(1)) or w.dtype != dt or w.device != dev
+                    or (b is not None and (b.dtype != dt or b.device != dev
+                                           or b.shape != (H * C,)))
+                    or (0 < len(lins) < 3 and (b is None) != (lins[0][1] is None))):
+                return None
+            lins.append((w, b))
+        if len(lins) == 3:   # (no root weight)
+            lins.append((None, None))
+        if n == 0:
+            return None
+        adj = resolve_adjacency(edge_index, None, n, n)
+        g = adj.graph
+        if not (isinstance(g, CSRGraph) and g.num_src == n and g.num_dst == n):
+            return None
+        width = kernel_width(C, x, H, DOT, pad_small=True)
+        p = self._fused_dropout
+        return transformer_layer_on(g, plan_for(g, DOT, width, H, dt), x, lins, H, C, width,
+                                    1.0 / math.sqrt(C), p, _seed(p, dev),
+                                    _use(x, n, 3 * H * width))
+
     def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
                        edge_attr: OptTensor) -> Optional[Tensor]:
         """PyG's ``forward`` with the fused attention in place of
@@ -97,6 +161,10 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         H, C = self.heads, self.out_channels
         if self._fused_fallback_reason(xs[0], xs[1]) is not None:
             return None
+        if isinstance(x, Tensor) and edge_attr is None:
+            out = self._layer_op(x, edge_index)
+            if out is not None:
+                return out
         width = kernel_width(C, xs[0], H, DOT, pad_small=True)
         lin_edge = self.lin_edge
         if lin_edge is None and implied_edge_attr(edge_index, edge_attr) is not None:

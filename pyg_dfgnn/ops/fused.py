@@ -629,6 +629,30 @@ def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_ds
                             _seed_int(seed))
 
 
+def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, width: int,
+                         scale: float, dropout_p: float, seed: Optional[Tensor],
+                         gemv: bool) -> Tensor:
+    """A Transformer layer's call on one node set (concatenated heads, no beta,
+    no edge features), ``[N, heads * chans]``, as one op and
+    one autograd node (``dfgnn_C::transformer_layer``, eager CUDA calls):
+    q / k / v from one GEMM in the kernels' head ``width`` (weights stacked
+    and zero-padded by one kernel), the skip projection, the fused dot
+    attention, ``attention[..., :chans] + skip`` (or without a skip: its
+    ``(weight, bias)`` ``(None, None)``); the backward's bias
+    gradients are column sums, GEMVs where ``gemv``.  ``lins`` are the
+    query, key, value and skip maps' ``(weight, bias)`` pairs (biases ``None``
+    on q / k / v alike, on the skip alone).  The caller validated everything: one dtype and device,
+    ``[heads * chans, in]`` weights, ``x [N, in]`` with ``N`` the graph's
+    source and destination nodes, the schedule ``plan`` for ``(DOT, width,
+    heads, x.dtype)`` (:class:`pyg_dfgnn.nn.TransformerConv`)."""
+    g = graph
+    (wq, bq), (wk, bk), (wv, bv), (ws, bs) = lins
+    return _ext().transformer_layer(x, wq, bq, wk, bk, wv, bv, ws, bs, g.rowptr, g.col, g.perm,
+                                    g.t_rowptr, g.t_col, g.t_perm, plan.sched, plan.work,
+                                    plan.merge, plan.t_work, plan.t_merge, scale, dropout_p,
+                                    _seed_int(seed), heads, chans, width, gemv)
+
+
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
     """``attention_fwd(*args)`` (the op's 22 arguments) with autograd, by the
     cheapest correct route (:func:`attention_on`)."""

@@ -402,3 +402,78 @@ def check_bf16_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, A
         assert err_o <= max(4 * err_t, floor), (name, err_o, err_t, floor)
     return ours16
 
+
+
+# ---------------------------------------------------------------------------- layer ops
+def layer_op_node(out: Tensor) -> str:
+    """The name of the autograd node below a layer output's ``[N, H * C]``
+    view: the one-op layer paths' C++ Functions (``...GatLayerFn``,
+    ``...TransformerLayerFn``), or a node of the path of several ops."""
+    fn = out.grad_fn
+    return fn.next_functions[0][0].name() if fn is not None and fn.next_functions else ""
+
+
+def run_layer(module, conv, x: Tensor, ei: Tensor, grad: Tensor, layer_op: bool, monkeypatch):
+    """``conv(x, ei)`` and its backward with ``grad``, with the one-op layer path
+    of the layer's ``module`` (``LAYER_OP``) on or off and the dropout seed
+    drawn from ``torch.manual_seed(1)``: ``(out, {name: gradient}, node name)``
+    (the gradients of ``x`` and of every parameter)."""
+    monkeypatch.setattr(module, "LAYER_OP", [layer_op])
+    conv.zero_grad(set_to_none=True)
+    x.grad = None
+    torch.manual_seed(1)   # (the dropout seed: both paths draw it alike)
+    out = conv(x, ei)
+    out.backward(grad)
+    grads = {"x": x.grad, **{n: p.grad for n, p in conv.named_parameters()}}
+    return out, grads, layer_op_node(out)
+
+
+def assert_layer_op_equals_several_ops(module, conv, x: Tensor, ei: Tensor, grad: Tensor,
+                                       node: str, monkeypatch) -> None:
+    """The one-op layer path (``node`` in its output's autograd node) and the
+    path of several ops give the same output and gradients, bit for bit (the
+    same kernels and GEMMs on the same inputs and dropout seed; run under the
+    :func:`deterministic` fixture)."""
+    out1, g1, node1 = run_layer(module, conv, x, ei, grad, True, monkeypatch)
+    out0, g0, node0 = run_layer(module, conv, x, ei, grad, False, monkeypatch)
+    assert node in node1 and node not in node0, (node1, node0)
+    torch.testing.assert_close(out1, out0, rtol=0, atol=0)
+    assert g0.keys() == g1.keys()
+    for k in g0:
+        assert (g0[k] is None) == (g1[k] is None), k
+        if g0[k] is not None:
+            torch.testing.assert_close(g1[k], g0[k], rtol=0, atol=0, msg=k)
+
+
+def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],
+                                   node: str, graphs: int = 4) -> None:
+    """A layer's one-op path (``node``) in fp32 on a PATTERN-like batch against
+    PyG's layer in float64 with the same weights, by the FlashAttention rule:
+    output and every gradient within 2x the error of PyG's own layer in fp32
+    (+ 4 fp32 roundings of the result's scale)."""
+    from pyg_dfgnn.data import pattern_like_batch
+    torch.manual_seed(0)
+    ei = pattern_like_batch(graphs, seed=1).edge_index.cuda()
+    n = int(ei.max()) + 1
+    ref = pyg_cls(**kwargs).cuda().double()
+    low = pyg_cls(**kwargs).cuda()
+    ours = our_cls(**kwargs).cuda()
+    state = {k: v.float() for k, v in ref.state_dict().items()}
+    low.load_state_dict(state)
+    ours.load_state_dict(state)
+    x = torch.randn(n, kwargs["in_channels"], device="cuda", dtype=torch.float64,
+                    requires_grad=True)
+    xl, xo = (x.detach().float().requires_grad_() for _ in range(2))
+    outs = [m(v, ei) for m, v in ((ref, x), (low, xl), (ours, xo))]
+    assert node in layer_op_node(outs[2])
+    g = torch.randn_like(outs[0])
+    for o in outs:
+        o.backward(g.to(o.dtype))
+    named = [dict(m.named_parameters()) for m in (ref, low, ours)]
+    tensors = [("out", *outs), ("x", x.grad, xl.grad, xo.grad)] + [
+        (k, p.grad, named[1][k].grad, named[2][k].grad) for k, p in named[0].items()]
+    u = torch.finfo(torch.float32).eps
+    for k, want, base, got in tensors:
+        err = float((got.double() - want).abs().max())
+        err_pyg = float((base.double() - want).abs().max())
+        assert err <= 2 * err_pyg + 4 * u * float(want.abs().max()), (k, err, err_pyg)

@@ -145,8 +145,11 @@ def test_small_cpu_calls_keep_plain_autograd(gemv_calls):
 def test_layers_on_the_gemv_path_match_pyg_on_cuda(cls, kw, gemv_calls, monkeypatch):
     """On CUDA in fp32 with the GPU-bound threshold lowered to every call: the
     path a 100k-node graph takes, against PyG's layer in fp32 (tolerances of the
-    layer equivalence suite, tests/nn/_equiv.py)."""
+    layer equivalence suite, tests/nn/_equiv.py).  (The path of several ops: the
+    Transformer's one-op path sums its bias gradients in C++, compared with this
+    path in test_transformer_conv.py.)"""
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    monkeypatch.setattr(transformer_conv, "LAYER_OP", [False])
     ours = _compare(cls, kw, "cuda", torch.float32, dict(rtol=1e-5, atol=1e-5))
     assert len(gemv_calls) == _expected_gemvs(ours, "cuda"), gemv_calls
 
@@ -166,8 +169,10 @@ def test_layers_on_the_gemv_path_in_bf16_against_float64(cls, kw, gemv_calls, mo
     PyG's own bf16 error, per output and gradient, and never required below a
     few bf16 roundings of the tensor's largest value (a gradient that is zero
     in exact arithmetic is compared on that scale).  The GAT layers take
-    inputs away from LeakyReLU's kink (test_gat_conv.py says why)."""
+    inputs away from LeakyReLU's kink (test_gat_conv.py says why).  (The
+    Transformer's path of several ops, as in the test above.)"""
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    monkeypatch.setattr(transformer_conv, "LAYER_OP", [False])
     ours16 = check_bf16_against_float64(getattr(pygnn, cls), getattr(dnn, cls),
                                         dict(in_channels=16, **kw), device="cuda",
                                         away_from_kink=cls == "GATConv")
@@ -454,7 +459,9 @@ def test_transformer_backward_gemm_reads_the_attention_gradient_blocks(dtype, he
     """On CUDA the attention's backward writes the gradients of q / k / v as
     the column blocks of one buffer (``dfgnn_C::attention_bwd_blocks``) and the
     projections' backward runs its GEMMs on it without concatenating: the
-    gradients are those of the concatenating path, to the bit."""
+    gradients are those of the concatenating path, to the bit.  (The path of
+    several ops; the one-op path's C++ reads the blocks the same way.)"""
+    monkeypatch.setattr(transformer_conv, "LAYER_OP", [False])
     torch.manual_seed(heads + chans)
     ei = torch.randint(0, nodes, (2, 6 * nodes), device="cuda")
     conv = dnn.TransformerConv(24, chans, heads=heads).cuda().to(dtype)
