@@ -5,6 +5,10 @@ PATTERN-like batch that stays on the GPU (no loader).  GPU only:
 
     PYTHONPATH=. python scripts/profile_step.py --config configs/pattern_gt.yaml \
         [--backend fused] [--graphs 26] [--steps 30] [--host 15]
+
+``--ab MOD:FLAG[,MOD:FLAG...] [--rounds 4]`` times the step with module-level
+``[bool]`` flags (e.g. ``pyg_dfgnn.nn.transformer_conv:LAYER_OP``) on and off,
+alternated in one process, and prints the medians and their ratio.
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ def main(argv=None):
                     help="print the Python stacks of the synchronising calls of one step")
     ap.add_argument("--ops", type=int, default=0,
                     help="print the N ops with the most host (self CPU) time per step")
+    ap.add_argument("--ab", default="",
+                    help="comma-separated MOD:FLAG [bool] flags timed on and off in one process")
+    ap.add_argument("--rounds", type=int, default=4, help="--ab: alternated rounds")
     ap.add_argument("--store", action="store_true",
                     help="a fresh batch every step from pyg_dfgnn.data.GraphBatcher (as the "
                          "trainer's data.batcher=store), instead of one cached batch")
@@ -73,6 +80,28 @@ def main(argv=None):
         loss.backward()
         opt.step()
 
+    if a.ab:
+        import importlib
+        import statistics
+        flags = [getattr(importlib.import_module(m), f)
+                 for m, f in (spec.split(":") for spec in a.ab.split(","))]
+        res = {True: [], False: []}
+        for r in range(a.rounds):
+            for v in ((True, False) if r % 2 == 0 else (False, True)):
+                for fl in flags:
+                    fl[0] = v
+                res[v].append(wall_and_kernels(step, a.steps, warmup=3)[:2])
+        for fl in flags:
+            fl[0] = True
+        med = {v: [statistics.median(t[i] for t in res[v]) for i in (0, 1)] for v in res}
+        for v in (True, False):
+            print(f"{Path(a.config).stem} {a.backend} {a.ab} {'on ' if v else 'off'}: "
+                  f"{med[v][0]:.2f} ms/step wall, {med[v][1]:.2f} ms GPU kernels "
+                  f"({100 * med[v][1] / med[v][0]:.0f}% busy; rounds: "
+                  + " ".join(f"{t[0]:.2f}" for t in res[v]) + ")", flush=True)
+        print(f"   on / off: wall {med[True][0] / med[False][0]:.3f}, GPU "
+              f"{med[True][1] / med[False][1]:.3f}", flush=True)
+        return
     from pyg_dfgnn import graph as _g
     h0, m0 = _g._cache.hits, _g._cache.misses
     wall, gpu, _ = wall_and_kernels(step, a.steps, warmup=5)
