@@ -875,6 +875,190 @@ at::Tensor transformer_layer_autograd(DFGNN_TRANSFORMER_LAYER_PARAMS) {
   return out.view({out.size(0), out.size(1) * out.size(2)});
 }
 
+// -------------------------------------------------------------- GATv2 layer
+// A GATv2Conv call on one node set (concatenated heads or one, no residual, no
+// edge features) as one op and one autograd node (dfgnn_C::gatv2_layer;
+// pyg_dfgnn/nn/gatv2_conv.py): x_l = x W_l^T + b_l and x_r = x W_r^T + b_r (or
+// x_r = x_l: shared weights), each head's rows zero-padded to the kernels'
+// width W (stack_pad_heads), the fused GATv2 attention with att padded alike,
+// out = attention[..., :C] + bias.  Backward: the fused backward, the
+// projections' GEMMs with the padding rows dropped, the bias gradients as
+// column sums (GEMVs where ``gemv_proj`` / ``gemv_bias``) -- the formulas of the
+// path of several ops (nn/gatv2_conv.py, nn/_glue.py, autograd's addmm), so
+// the two agree bit for bit under torch.use_deterministic_algorithms.
+
+struct Gatv2Call {
+  const at::Tensor &rowptr, &col;
+  const optional<at::Tensor>& perm;
+  const at::Tensor &t_rowptr, &t_col, &t_perm;
+  at::IntArrayRef sched;
+  const optional<at::Tensor>&work, &merge, &t_work, &t_merge;
+  double slope, p;
+  int64_t seed, heads, chans, width;
+  bool gemv_proj, gemv_bias;
+};
+
+// x W^T (+ b) in the padded width, [N, H, W], with its padded weight
+std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const at::Tensor& w,
+                                                    const optional<at::Tensor>& b, int64_t H,
+                                                    int64_t C, int64_t W) {
+  at::Tensor wp = w, bp = b.has_value() ? *b : at::Tensor();
+  if (W != C) {
+    if (b.has_value()) std::tie(wp, bp) = stack_pad_heads({w}, {*b}, H, C, W);
+    else std::tie(wp, bp) = stack_pad_heads({w}, {}, H, C, W);
+  }
+  const at::Tensor y = b.has_value() ? at::addmm(bp, x, wp.t()) : at::mm(x, wp.t());
+  return {y.view({x.size(0), H, W}), wp};
+}
+
+struct Gatv2Fwd {
+  at::Tensor xl, xr, wlp, wrp, attp, out, lse;
+};
+
+Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional<at::Tensor>& bl,
+                       const optional<at::Tensor>& wr, const optional<at::Tensor>& br,
+                       const at::Tensor& att, const Gatv2Call& c) {
+  const int64_t H = c.heads, C = c.chans, W = c.width;
+  Gatv2Fwd f;
+  std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W);
+  if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W);
+  else f.xr = f.xl;
+  const at::Tensor a = att.dim() == 3 ? att.select(0, 0) : att;   // (PyG's [1, H, C])
+  f.attp = W == C ? a : at::constant_pad_nd(a, {0, W - C});
+  at::Tensor alpha;
+  std::tie(f.out, f.lse, alpha) = attention_fwd_impl(
+      1, c.rowptr, c.col, c.perm, c.t_rowptr, c.t_col, c.t_perm, f.xr, f.xl, c10::nullopt,
+      c10::nullopt, f.attp, 1.0, c.slope, c.p, c.seed, false, c.sched, c.work, c.merge,
+      c.t_work, c.t_merge, at::Tensor());
+  return f;
+}
+
+// [N, H, W] attention output as the layer's [N, H, C] (+ bias [H * C]): a new
+// tensor, or the output itself (unpadded, no bias)
+at::Tensor gatv2_epilogue(const at::Tensor& out, const optional<at::Tensor>& bias, int64_t C) {
+  const int64_t H = out.size(1);
+  const at::Tensor o = out.size(2) == C ? out : out.narrow(2, 0, C);
+  if (bias.has_value()) return o + bias->view({H, C});
+  return o.contiguous();
+}
+
+// saved variables: x, the padded weights (W_r: or undefined, shared), x_l, x_r
+// (undefined when shared), att padded, the attention output, lse (the graph
+// and schedule: graph_tensors).  Its output: [N, H, C] (gatv2_epilogue; the
+// op returns it viewed [N, H * C], as a Function's output must not be a view)
+struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wl,
+                               const optional<at::Tensor>& bl, const optional<at::Tensor>& wr,
+                               const optional<at::Tensor>& br, const at::Tensor& att,
+                               const optional<at::Tensor>& bias, const Gatv2Call* c) {
+    Gatv2Fwd f = gatv2_forward(x, wl, bl, wr, br, att, *c);
+    ctx->save_for_backward({x, f.wlp, f.wrp, f.xl, wr.has_value() ? f.xr : at::Tensor(),
+                            f.attp, f.out, f.lse});
+    ctx->saved_data["graph"] = graph_tensors(c->rowptr, c->col, c->perm, c->t_rowptr,
+                                             c->t_col, c->t_perm, c->work, c->merge, c->t_work,
+                                             c->t_merge);
+    ctx->saved_data["sched"] = c->sched.vec();
+    ctx->saved_data["slope"] = c->slope;
+    ctx->saved_data["p"] = c->p;
+    ctx->saved_data["seed"] = c->seed;
+    ctx->saved_data["flags"] = std::vector<int64_t>{
+        c->heads, c->chans, c->width, c->gemv_proj, c->gemv_bias, bl.has_value(),
+        wr.has_value(), br.has_value(), bias.has_value(), att.dim()};
+    ctx->set_materialize_grads(false);
+    return {gatv2_epilogue(f.out, bias, c->chans)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list r(8);
+    if (!grads[0].defined()) return r;
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &wlp = s[1], &wrp = s[2], &xl = s[3];
+    const std::vector<int64_t> fl = ctx->saved_data["flags"].toIntVector();
+    const int64_t H = fl[0], C = fl[1], W = fl[2], N = x.size(0);
+    const bool gemv_proj = fl[3], gemv_bias = fl[4], has_bl = fl[5], has_wr = fl[6],
+               has_br = fl[7], has_bias = fl[8];
+    const at::Tensor xr = has_wr ? s[4] : xl;
+    // the forward's arguments x, wl, bl, wr, br, att, bias: which were variables
+    const bool present[7] = {true, true, has_bl, has_wr, has_br, true, has_bias};
+    int64_t var[7];
+    for (int64_t i = 0, n = 0; i < 7; ++i) var[i] = present[i] ? n++ : -1;
+    auto needs = [&](int i) { return var[i] >= 0 && ctx->needs_input_grad(var[i]); };
+    const std::vector<at::Tensor> gr = ctx->saved_data["graph"].toTensorVector();
+    auto o = [&](size_t i) { return gr[i].defined() ? optional<at::Tensor>(gr[i]) : c10::nullopt; };
+    const std::vector<int64_t> sched = ctx->saved_data["sched"].toIntVector();
+    const at::Tensor g2 = grads[0].reshape({N, H * C}).contiguous();
+    // the bias gradient as the several-op path sums it: over [N, H * C] rows
+    // (unpadded heads, or the GEMV), over the first dimension of [N, H, C] (padded)
+    if (needs(6)) {
+      if (gemv_bias) r[6] = column_sum(g2, true);
+      else if (W == C) r[6] = g2.sum(0);
+      else r[6] = g2.view({N, H, C}).sum(0).view({H * C});
+    }
+    at::Tensor g3 = g2.view({N, H, C});
+    if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
+    std::vector<at::Tensor> gs = attention_bwd_impl(
+        1, gr[0], gr[1], o(2), gr[3], gr[4], gr[5], xr, xl, c10::nullopt, c10::nullopt, s[5],
+        1.0, ctx->saved_data["slope"].toDouble(), ctx->saved_data["p"].toDouble(),
+        ctx->saved_data["seed"].toInt(), s[6], s[7], g3, sched, o(6), o(7), o(8), o(9), false,
+        false);
+    // gs: d x_r, d x_l, (value), (edge), d att [H, W]
+    if (needs(5)) {
+      const at::Tensor da = W == C ? gs[4] : gs[4].narrow(1, 0, C);
+      r[5] = fl[9] == 3 ? da.unsqueeze(0) : da;
+    }
+    const at::Tensor dl = has_wr ? gs[1] : gs[1] + gs[0];   // (shared: x_r is x_l)
+    auto proj = [&](const at::Tensor& d, const at::Tensor& wp, int iw, int ib) {
+      const at::Tensor d2 = d.view({N, H * W});
+      if (needs(iw)) r[iw] = unpad_rows(at::mm(d2.t(), x), H, C, W);
+      if (needs(ib)) r[ib] = unpad_rows(column_sum(d2, gemv_proj), H, C, W);
+      return needs(0) ? at::mm(d2, wp) : at::Tensor();
+    };
+    at::Tensor dx = proj(dl, wlp, 1, 2);
+    if (has_wr) {
+      const at::Tensor dxr = proj(gs[0], wrp, 3, 4);
+      if (needs(0)) dx = dxr + dx;
+    }
+    r[0] = dx;
+    return r;
+  }
+};
+
+#define DFGNN_GATV2_LAYER_PARAMS                                                           \
+  const at::Tensor &x, const at::Tensor &wl, const optional<at::Tensor> &bl,                  \
+      const optional<at::Tensor> &wr, const optional<at::Tensor> &br, const at::Tensor &att,   \
+      const optional<at::Tensor> &bias, const at::Tensor &rowptr, const at::Tensor &col,       \
+      const optional<at::Tensor> &perm, const at::Tensor &t_rowptr, const at::Tensor &t_col,  \
+      const at::Tensor &t_perm, at::IntArrayRef sched, const optional<at::Tensor> &work,      \
+      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                  \
+      const optional<at::Tensor> &t_merge, double slope, double p, int64_t seed,              \
+      int64_t heads, int64_t chans, int64_t width, bool gemv_proj, bool gemv_bias
+#define DFGNN_GATV2_CALL                                                                    \
+  Gatv2Call {                                                                               \
+    rowptr, col, perm, t_rowptr, t_col, t_perm, sched, work, merge, t_work, t_merge, slope,  \
+        p, seed, heads, chans, width, gemv_proj, gemv_bias                                 \
+  }
+
+at::Tensor gatv2_layer_nograd(DFGNN_GATV2_LAYER_PARAMS) {
+  const Gatv2Call c = DFGNN_GATV2_CALL;
+  const at::Tensor out = gatv2_epilogue(gatv2_forward(x, wl, bl, wr, br, att, c).out, bias, chans);
+  return out.view({out.size(0), heads * chans});
+}
+
+// out [N, H * C]
+at::Tensor gatv2_layer_autograd(DFGNN_GATV2_LAYER_PARAMS) {
+  auto rg = [](const optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || wl.requires_grad() || rg(bl) || rg(wr) || rg(br) ||
+                     att.requires_grad() || rg(bias));
+  if (!grad)
+    return gatv2_layer_nograd(x, wl, bl, wr, br, att, bias, rowptr, col, perm, t_rowptr, t_col,
+                              t_perm, sched, work, merge, t_work, t_merge, slope, p, seed, heads,
+                              chans, width, gemv_proj, gemv_bias);
+  const Gatv2Call c = DFGNN_GATV2_CALL;
+  const at::Tensor out = Gatv2LayerFn::apply(x, wl, bl, wr, br, att, bias, &c)[0];
+  return out.view({out.size(0), heads * chans});
+}
+
 }  // namespace
 }  // namespace dfgnn
 
@@ -901,6 +1085,11 @@ TORCH_LIBRARY(dfgnn_C, m) {
         "Tensor t_rowptr, Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, "
         "Tensor? merge, Tensor? t_work, Tensor? t_merge, float scale, float dropout_p, "
         "int seed, int heads, int chans, int width, bool gemv) -> Tensor");
+  m.def("gatv2_layer(Tensor x, Tensor wl, Tensor? bl, Tensor? wr, Tensor? br, Tensor att, "
+        "Tensor? bias, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "
+        "Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, Tensor? merge, "
+        "Tensor? t_work, Tensor? t_merge, float negative_slope, float dropout_p, int seed, "
+        "int heads, int chans, int width, bool gemv_proj, bool gemv_bias) -> Tensor");
   m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
   m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
 }
@@ -918,9 +1107,11 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("stack_pad_heads", &dfgnn::stack_pad_heads);
   m.impl("gat_layer", &dfgnn::gat_layer_cuda);
   m.impl("transformer_layer", &dfgnn::transformer_layer_nograd_call);
+  m.impl("gatv2_layer", &dfgnn::gatv2_layer_nograd);
 }
 
 TORCH_LIBRARY_IMPL(dfgnn_C, Autograd, m) {
   m.impl("gat_layer", &dfgnn::gat_layer_autograd);
   m.impl("transformer_layer", &dfgnn::transformer_layer_autograd);
+  m.impl("gatv2_layer", &dfgnn::gatv2_layer_autograd);
 }

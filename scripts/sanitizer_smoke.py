@@ -147,14 +147,14 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         (q.float().sum() + c.float().sum() + k.float().square().sum()).backward()
         q, c, k = ops._AGNNPrologue.apply(xa, ba, nd, 1e-3)
         c.float().sum().backward()
-# the one-op layer paths (dfgnn_C::gat_layer, dfgnn_C::transformer_layer;
-# GATConv / TransformerConv._layer_op): every dtype, widths the kernels take as
+# the one-op layer paths (dfgnn_C::gat_layer, gatv2_layer, transformer_layer;
+# the layers' _layer_op): every dtype, widths the kernels take as
 # they are and ones padded, with and without a (skip) bias, dropout, a super
 # node, without autograd and in inference mode, below and above the GPU-bound
 # size (the latter: padded projections, GEMV bias gradients)
-from pyg_dfgnn.nn import GATConv  # noqa: E402
+from pyg_dfgnn.nn import GATConv, GATv2Conv  # noqa: E402
 ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
-for cls in (GATConv, TransformerConv):
+for cls in (GATConv, GATv2Conv, TransformerConv):
     for bound in (1 << 22, 0):
         _padded.GPU_BOUND_ELEMENTS = bound
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -169,8 +169,9 @@ for cls in (GATConv, TransformerConv):
                 with torch.inference_mode():
                     conv.eval()(xg.detach(), ei)
 # (and the layers' paths of several ops, which calls that need them take)
-from pyg_dfgnn.nn import gat_conv, transformer_conv  # noqa: E402
-for mod, cls in ((gat_conv, GATConv), (transformer_conv, TransformerConv)):
+from pyg_dfgnn.nn import gat_conv, gatv2_conv, transformer_conv  # noqa: E402
+for mod, cls in ((gat_conv, GATConv), (gatv2_conv, GATv2Conv),
+                 (transformer_conv, TransformerConv)):
     mod.LAYER_OP[0] = False
     for heads, chans in ((8, 10), (8, 19)):
         conv = cls(16, chans, heads=heads, dropout=0.3).cuda()

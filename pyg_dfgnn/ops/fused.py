@@ -653,6 +653,29 @@ def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, w
                                     _seed_int(seed), heads, chans, width, gemv)
 
 
+def gatv2_layer_on(graph, plan, x: Tensor, lin_l, lin_r, att: Tensor, bias: Optional[Tensor],
+                   heads: int, chans: int, width: int, negative_slope: float,
+                   dropout_p: float, seed: Optional[Tensor], gemv_proj: bool,
+                   gemv_bias: bool) -> Tensor:
+    """A GATv2 layer's call on one node set (concatenated heads, no residual,
+    no edge features), ``[N, heads * chans]``, as one op and one autograd node
+    (``dfgnn_C::gatv2_layer``, eager CUDA calls): ``x_l`` / ``x_r`` projected in
+    the kernels' head ``width`` (``lin_l`` / ``lin_r`` as ``(weight, bias)``;
+    ``lin_r`` ``None``: shared weights), the fused GATv2 attention with ``att``
+    (``[1, heads, chans]`` or ``[heads, chans]``) padded alike, the first
+    ``chans`` columns + ``bias``; the bias gradients as column sums, GEMVs
+    where ``gemv_proj`` / ``gemv_bias``.  The caller validated everything
+    (:class:`pyg_dfgnn.nn.GATv2Conv`); ``plan`` is the schedule for ``(GATV2,
+    width, heads, x.dtype)``."""
+    g = graph
+    wr, br = lin_r if lin_r is not None else (None, None)
+    return _ext().gatv2_layer(x, lin_l[0], lin_l[1], wr, br, att, bias, g.rowptr, g.col,
+                              g.perm, g.t_rowptr, g.t_col, g.t_perm, plan.sched, plan.work,
+                              plan.merge, plan.t_work, plan.t_merge, negative_slope,
+                              dropout_p, _seed_int(seed), heads, chans, width, gemv_proj,
+                              gemv_bias)
+
+
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
     """``attention_fwd(*args)`` (the op's 22 arguments) with autograd, by the
     cheapest correct route (:func:`attention_on`)."""

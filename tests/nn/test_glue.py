@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import torch_geometric.nn as pygnn
 
 import pyg_dfgnn.nn as dnn
-from pyg_dfgnn.nn import _glue, _padded, gat_conv, transformer_conv
+from pyg_dfgnn.nn import _glue, _padded, gat_conv, gatv2_conv, transformer_conv
 
 from ._equiv import assert_same_grads, check_bf16_against_float64
 
@@ -146,10 +146,11 @@ def test_layers_on_the_gemv_path_match_pyg_on_cuda(cls, kw, gemv_calls, monkeypa
     """On CUDA in fp32 with the GPU-bound threshold lowered to every call: the
     path a 100k-node graph takes, against PyG's layer in fp32 (tolerances of the
     layer equivalence suite, tests/nn/_equiv.py).  (The path of several ops: the
-    Transformer's one-op path sums its bias gradients in C++, compared with this
-    path in test_transformer_conv.py.)"""
+    Transformer's and GATv2's one-op paths sum their bias gradients in C++,
+    compared with this path in their layers' tests.)"""
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     monkeypatch.setattr(transformer_conv, "LAYER_OP", [False])
+    monkeypatch.setattr(gatv2_conv, "LAYER_OP", [False])
     ours = _compare(cls, kw, "cuda", torch.float32, dict(rtol=1e-5, atol=1e-5))
     assert len(gemv_calls) == _expected_gemvs(ours, "cuda"), gemv_calls
 
@@ -170,9 +171,10 @@ def test_layers_on_the_gemv_path_in_bf16_against_float64(cls, kw, gemv_calls, mo
     few bf16 roundings of the tensor's largest value (a gradient that is zero
     in exact arithmetic is compared on that scale).  The GAT layers take
     inputs away from LeakyReLU's kink (test_gat_conv.py says why).  (The
-    Transformer's path of several ops, as in the test above.)"""
+    Transformer's and GATv2's paths of several ops, as in the test above.)"""
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     monkeypatch.setattr(transformer_conv, "LAYER_OP", [False])
+    monkeypatch.setattr(gatv2_conv, "LAYER_OP", [False])
     ours16 = check_bf16_against_float64(getattr(pygnn, cls), getattr(dnn, cls),
                                         dict(in_channels=16, **kw), device="cuda",
                                         away_from_kink=cls == "GATConv")
@@ -462,6 +464,7 @@ def test_transformer_backward_gemm_reads_the_attention_gradient_blocks(dtype, he
     gradients are those of the concatenating path, to the bit.  (The path of
     several ops; the one-op path's C++ reads the blocks the same way.)"""
     monkeypatch.setattr(transformer_conv, "LAYER_OP", [False])
+    monkeypatch.setattr(gatv2_conv, "LAYER_OP", [False])
     torch.manual_seed(heads + chans)
     ei = torch.randint(0, nodes, (2, 6 * nodes), device="cuda")
     conv = dnn.TransformerConv(24, chans, heads=heads).cuda().to(dtype)
