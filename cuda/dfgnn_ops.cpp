@@ -515,166 +515,104 @@ int64_t set_backward_mode(int64_t mode) {
 
 int64_t get_backward_mode() { return forced_backward_mode().load(); }
 
-// ------------------------------------------------------------------ GAT layer
-// A GAT layer's call on one node set as one op and one autograd node
-// (dfgnn_C::gat_layer; pyg_dfgnn/nn/gat_conv.py takes it on eager CUDA calls):
-// the projection h = x W^T [N, H, C], the node logits (gat_logits), the fused
-// attention with the bias in its epilogue, and in backward the fused backward,
-// the logits' backward and the projection's two GEMMs -- one call from Python
-// each way instead of the projection's op and autograd nodes, two ops and a
-// Python autograd Function (host time: docs/KERNELS.md, session 30).  Inputs
-// were validated in Python (the checks below guard the kernels only).
-
-// The graph, schedule and scalars of one call (the autograd node keeps them).
-struct GatCall {
-  const at::Tensor &rowptr, &col;
-  const optional<at::Tensor>& perm;
-  const at::Tensor &t_rowptr, &t_col, &t_perm;
-  at::IntArrayRef sched;
-  const optional<at::Tensor>&work, &merge, &t_work, &t_merge;
-  double slope, p;
-  int64_t seed;
-};
-
-struct GatLayerOut {
-  at::Tensor out, lse, h, a_src, a_dst;
-};
-
-GatLayerOut gat_layer_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& att_src,
-                              const at::Tensor& att_dst, const optional<at::Tensor>& bias,
-                              const GatCall& c) {
-  const int64_t H = att_src.size(-2), C = att_src.size(-1);
-  GatLayerOut r;
-  r.h = at::mm(x, w.t()).view({x.size(0), H, C});
-  std::tie(r.a_src, r.a_dst) = gat_logits(r.h, att_src, att_dst);
-  at::Tensor alpha;
-  std::tie(r.out, r.lse, alpha) = attention_fwd_impl(
-      0, c.rowptr, c.col, c.perm, c.t_rowptr, c.t_col, c.t_perm, r.a_dst, r.a_src, r.h,
-      c10::nullopt, bias, 1.0, c.slope, c.p, c.seed, false, c.sched, c.work, c.merge,
-      c.t_work, c.t_merge, at::Tensor());
-  return r;
-}
+// ------------------------------------------------------------------ layer ops
+// A whole layer call of GAT, GATv2 or the Transformer on one node set as one op
+// and one autograd node (dfgnn_C::gat_layer / gatv2_layer / transformer_layer;
+// the layers' _layer_op in pyg_dfgnn/nn take them on eager CUDA calls): the
+// projections, the fused attention and the epilogue forward, and in backward
+// the fused backward and the projections' GEMMs -- one call from Python each
+// way instead of about twenty ATen ops, Python autograd Functions and the
+// linear layers' nodes (host time: docs/KERNELS.md, session 30).  Each backward
+// uses the formulas of the layer's path of several ops (autograd's mm / addmm,
+// nn/_glue.py), so the two agree bit for bit under
+// torch.use_deterministic_algorithms.  Inputs were validated in Python (the
+// checks below guard the kernels only).
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The graph (rowptr, col, perm, t_rowptr, t_col, t_perm) and the schedule's
-// tensors (work, merge, t_work, t_merge) as the autograd node keeps them: in its
-// saved data, not as saved variables (the graph cache's tensors may have been
-// made under torch.inference_mode, and such tensors cannot be saved for
-// backward); an absent one is an undefined tensor.
-std::vector<at::Tensor> graph_tensors(const at::Tensor& rowptr, const at::Tensor& col,
-                                      const optional<at::Tensor>& perm,
-                                      const at::Tensor& t_rowptr, const at::Tensor& t_col,
-                                      const at::Tensor& t_perm, const optional<at::Tensor>& work,
-                                      const optional<at::Tensor>& merge,
-                                      const optional<at::Tensor>& t_work,
-                                      const optional<at::Tensor>& t_merge) {
-  return {rowptr, col, opt(perm), t_rowptr, t_col, t_perm,
-          opt(work), opt(merge), opt(t_work), opt(t_merge)};
-}
-
-// saved variables: x, w, att_src, att_dst, bias, h, a_src, a_dst, out, lse (an
-// absent bias: an undefined tensor)
-struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                               const at::Tensor& att_src, const at::Tensor& att_dst,
-                               const optional<at::Tensor>& bias, const GatCall* c) {
-    GatLayerOut r = gat_layer_forward(x, w, att_src, att_dst, bias, *c);
-    ctx->save_for_backward({x, w, att_src, att_dst, opt(bias), r.h, r.a_src, r.a_dst, r.out,
-                            r.lse});
-    ctx->saved_data["graph"] = graph_tensors(c->rowptr, c->col, c->perm, c->t_rowptr,
-                                             c->t_col, c->t_perm, c->work, c->merge, c->t_work,
-                                             c->t_merge);
-    ctx->saved_data["sched"] = c->sched.vec();
-    ctx->saved_data["slope"] = c->slope;
-    ctx->saved_data["p"] = c->p;
-    ctx->saved_data["seed"] = c->seed;
-    ctx->set_materialize_grads(false);
-    return {r.out};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list none(6);
-    if (!grads[0].defined()) return none;
-    const variable_list s = ctx->get_saved_variables();
-    const at::Tensor &x = s[0], &w = s[1], &att_src = s[2], &att_dst = s[3], &h = s[5];
-    const std::vector<at::Tensor> gr = ctx->saved_data["graph"].toTensorVector();
-    auto o = [&](size_t i) { return gr[i].defined() ? optional<at::Tensor>(gr[i]) : c10::nullopt; };
-    const std::vector<int64_t> sched = ctx->saved_data["sched"].toIntVector();
-    std::vector<at::Tensor> gs = attention_bwd_impl(
-        0, gr[0], gr[1], o(2), gr[3], gr[4], gr[5], s[7], s[6], h, c10::nullopt,
-        s[4].defined() ? optional<at::Tensor>(s[4]) : c10::nullopt, 1.0,
-        ctx->saved_data["slope"].toDouble(), ctx->saved_data["p"].toDouble(),
-        ctx->saved_data["seed"].toInt(), s[8], s[9], grads[0].contiguous(), sched, o(6), o(7),
-        o(8), o(9), false, false);
-    // gs: d a_dst, d a_src, d h, (d edge), d bias; the logits' share of d h added in place
-    at::Tensor d_h = gs[2];
-    at::Tensor d_as, d_ad;
-    std::tie(d_as, d_ad) = gat_logits_bwd(h, att_src, att_dst, gs[1], gs[0], d_h);
-    // the projection's gradients as autograd's mm formulas compute them (for
-    // x W^T with a row-major W: d x = d h W, d W = d h^T x)
-    const at::Tensor d2 = d_h.view({h.size(0), h.size(1) * h.size(2)});
-    variable_list r(6);
-    if (ctx->needs_input_grad(0)) r[0] = at::mm(d2, w);
-    if (ctx->needs_input_grad(1)) r[1] = at::mm(d2.t(), x);
-    if (ctx->needs_input_grad(2)) r[2] = d_as;
-    if (ctx->needs_input_grad(3)) r[3] = d_ad;
-    if (s[4].defined() && ctx->needs_input_grad(4)) r[4] = gs[4];
-    return r;
-  }
+// The graph (CSR and transpose), schedule and attention scalars of one call.
+struct LayerGraph {
+  at::Tensor rowptr, col;
+  optional<at::Tensor> perm;
+  at::Tensor t_rowptr, t_col, t_perm;
+  std::vector<int64_t> sched;
+  optional<at::Tensor> work, merge, t_work, t_merge;
+  double scale, slope, p;
+  int64_t seed;
 };
 
-#define DFGNN_GAT_LAYER_PARAMS                                                             \
-  const at::Tensor &x, const at::Tensor &w, const at::Tensor &att_src,                         \
-      const at::Tensor &att_dst, const optional<at::Tensor> &bias, const at::Tensor &rowptr,   \
-      const at::Tensor &col, const optional<at::Tensor> &perm, const at::Tensor &t_rowptr,     \
-      const at::Tensor &t_col, const at::Tensor &t_perm, at::IntArrayRef sched,                \
-      const optional<at::Tensor> &work, const optional<at::Tensor> &merge,                     \
-      const optional<at::Tensor> &t_work, const optional<at::Tensor> &t_merge, double slope,  \
-      double p, int64_t seed
-#define DFGNN_GAT_CALL \
-  GatCall { rowptr, col, perm, t_rowptr, t_col, t_perm, sched, work, merge, t_work, t_merge, slope, p, seed }
+#define DFGNN_LAYER_GRAPH_PARAMS                                                           \
+  const at::Tensor &rowptr, const at::Tensor &col, const optional<at::Tensor> &perm,           \
+      const at::Tensor &t_rowptr, const at::Tensor &t_col, const at::Tensor &t_perm,           \
+      at::IntArrayRef sched, const optional<at::Tensor> &work,                                 \
+      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                   \
+      const optional<at::Tensor> &t_merge
+#define DFGNN_LAYER_GRAPH(scale, slope)                                                     \
+  LayerGraph {                                                                              \
+    rowptr, col, perm, t_rowptr, t_col, t_perm, sched.vec(), work, merge, t_work, t_merge,   \
+        scale, slope, p, seed                                                              \
+  }
 
-// out [N, H * C]
-at::Tensor gat_layer_autograd(DFGNN_GAT_LAYER_PARAMS) {
-  const GatCall c = DFGNN_GAT_CALL;
-  at::Tensor out = GatLayerFn::apply(x, w, att_src, att_dst, bias, &c)[0];
-  return out.view({out.size(0), out.size(1) * out.size(2)});
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_attention_fwd(
+    int64_t kind, const LayerGraph& g, const at::Tensor& dst, const at::Tensor& src,
+    const optional<at::Tensor>& val, const optional<at::Tensor>& att,
+    const at::Tensor& residual = at::Tensor()) {
+  return attention_fwd_impl(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst,
+                            src, val, c10::nullopt, att, g.scale, g.slope, g.p, g.seed, false,
+                            g.sched, g.work, g.merge, g.t_work, g.t_merge, residual);
 }
 
-// (no autograd: inference mode)
-at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
-  const GatCall c = DFGNN_GAT_CALL;
-  at::Tensor out = gat_layer_forward(x, w, att_src, att_dst, bias, c).out;
-  return out.view({out.size(0), out.size(1) * out.size(2)});
+std::vector<at::Tensor> layer_attention_bwd(int64_t kind, const LayerGraph& g,
+                                            const at::Tensor& dst, const at::Tensor& src,
+                                            const optional<at::Tensor>& val,
+                                            const optional<at::Tensor>& att,
+                                            const at::Tensor& out, const at::Tensor& lse,
+                                            const at::Tensor& grad_out, bool blocks = false) {
+  return attention_bwd_impl(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst,
+                            src, val, c10::nullopt, att, g.scale, g.slope, g.p, g.seed, out, lse,
+                            grad_out, g.sched, g.work, g.merge, g.t_work, g.t_merge, false,
+                            blocks);
 }
 
-// ---------------------------------------------------------- Transformer layer
-// A TransformerConv call on one node set (concatenated heads, root weight, no
-// beta, no edge features) as one op and one autograd node
-// (dfgnn_C::transformer_layer; pyg_dfgnn/nn/transformer_conv.py): q / k / v
-// as the column blocks of one GEMM with the weights stacked and each head's
-// rows zero-padded to the kernels' width W (stack_pad_heads), the skip
-// projection x W_s^T + b_s, the fused dot attention (scale 1 / sqrt(C)) and
-// out = attention[..., :C] + skip.  Backward: the fused backward writing
-// d q / k / v as the blocks of one buffer, the projections' GEMMs (the
-// padding rows dropped from the weight and bias gradients), the bias
-// gradients as column sums (a GEMV where ``gemv``).  Without autograd the
-// skip is the GEMM's 4th block, added in the attention's epilogue where the
-// heads are not padded -- what the layer's path of several ops computes
-// (nn/transformer_conv.py, nn/_glue.py: _Projections).
+// The graph as the autograd node keeps it: in its saved data, not as saved
+// variables (the graph cache's tensors may have been made under
+// torch.inference_mode, and such tensors cannot be saved for backward); an
+// absent tensor is an undefined one.
+void save_graph(AutogradContext* ctx, const LayerGraph& g) {
+  ctx->saved_data["graph"] = std::vector<at::Tensor>{
+      g.rowptr, g.col, opt(g.perm), g.t_rowptr, g.t_col, g.t_perm,
+      opt(g.work), opt(g.merge), opt(g.t_work), opt(g.t_merge)};
+  ctx->saved_data["sched"] = g.sched;
+  ctx->saved_data["scalars"] = std::vector<double>{g.scale, g.slope, g.p};
+  ctx->saved_data["seed"] = g.seed;
+  ctx->set_materialize_grads(false);
+}
 
-struct DotCall {
-  const at::Tensor &rowptr, &col;
-  const optional<at::Tensor>& perm;
-  const at::Tensor &t_rowptr, &t_col, &t_perm;
-  at::IntArrayRef sched;
-  const optional<at::Tensor>&work, &merge, &t_work, &t_merge;
-  double scale, p;
-  int64_t seed, heads, chans, width;
-  bool gemv;
+LayerGraph load_graph(AutogradContext* ctx) {
+  const std::vector<at::Tensor> t = ctx->saved_data["graph"].toTensorVector();
+  auto o = [&](size_t i) { return t[i].defined() ? optional<at::Tensor>(t[i]) : c10::nullopt; };
+  const std::vector<double> sc = ctx->saved_data["scalars"].toDoubleVector();
+  return {t[0], t[1], o(2), t[3], t[4], t[5], ctx->saved_data["sched"].toIntVector(),
+          o(6), o(7), o(8), o(9), sc[0], sc[1], sc[2], ctx->saved_data["seed"].toInt()};
+}
+
+// Which of a Function's forward arguments need a gradient: ``present`` says,
+// per argument, whether it was a variable (an absent optional tensor was not),
+// and so its index among the node's inputs.
+struct InputGrads {
+  AutogradContext* ctx;
+  std::vector<int64_t> var;
+  InputGrads(AutogradContext* c, std::initializer_list<bool> present) : ctx(c) {
+    int64_t n = 0;
+    for (bool b : present) var.push_back(b ? n++ : -1);
+  }
+  bool operator()(size_t i) const { return var[i] >= 0 && ctx->needs_input_grad(var[i]); }
 };
+
+optional<at::Tensor> opt_of(const at::Tensor& t) {
+  return t.defined() ? optional<at::Tensor>(t) : c10::nullopt;
+}
 
 at::Tensor column_sum(const at::Tensor& g2, bool gemv) {
   return gemv ? at::mv(g2.t(), at::ones({g2.size(0)}, g2.options())) : g2.sum(0);
@@ -690,15 +628,98 @@ at::Tensor unpad_rows(const at::Tensor& t, int64_t n_heads, int64_t chans, int64
   return t.view(shape).narrow(1, 0, chans).reshape(flat);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> dot_attention_fwd(const at::Tensor& q,
-                                                                 const at::Tensor& k,
-                                                                 const at::Tensor& v,
-                                                                 const DotCall& c,
-                                                                 const at::Tensor& residual) {
-  return attention_fwd_impl(2, c.rowptr, c.col, c.perm, c.t_rowptr, c.t_col, c.t_perm, q, k, v,
-                            c10::nullopt, c10::nullopt, c.scale, 0.0, c.p, c.seed, false,
-                            c.sched, c.work, c.merge, c.t_work, c.t_merge, residual);
+// [N, H, C] as the layer's [N, H * C]
+at::Tensor flat_heads(const at::Tensor& out) {
+  return out.view({out.size(0), out.size(1) * out.size(2)});
 }
+
+// ------------------------------------------------------------------ GAT layer
+// GAT (dfgnn_C::gat_layer): h = x W^T [N, H, C], the node logits (gat_logits),
+// the fused attention with the bias in its epilogue; backward: the fused
+// backward, the logits' backward and the projection's two GEMMs.
+
+struct GatLayerOut {
+  at::Tensor out, lse, h, a_src, a_dst;
+};
+
+GatLayerOut gat_layer_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& att_src,
+                              const at::Tensor& att_dst, const optional<at::Tensor>& bias,
+                              const LayerGraph& g) {
+  const int64_t H = att_src.size(-2), C = att_src.size(-1);
+  GatLayerOut r;
+  r.h = at::mm(x, w.t()).view({x.size(0), H, C});
+  std::tie(r.a_src, r.a_dst) = gat_logits(r.h, att_src, att_dst);
+  at::Tensor alpha;
+  std::tie(r.out, r.lse, alpha) = layer_attention_fwd(0, g, r.a_dst, r.a_src, r.h, bias);
+  return r;
+}
+
+// saved variables: x, w, att_src, att_dst, bias, h, a_src, a_dst, out, lse (an
+// absent bias: an undefined tensor)
+struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                               const at::Tensor& att_src, const at::Tensor& att_dst,
+                               const optional<at::Tensor>& bias, const LayerGraph* g) {
+    GatLayerOut r = gat_layer_forward(x, w, att_src, att_dst, bias, *g);
+    ctx->save_for_backward({x, w, att_src, att_dst, opt(bias), r.h, r.a_src, r.a_dst, r.out,
+                            r.lse});
+    save_graph(ctx, *g);
+    return {r.out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list r(6);
+    if (!grads[0].defined()) return r;
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w = s[1], &att_src = s[2], &att_dst = s[3], &h = s[5];
+    const InputGrads needs(ctx, {true, true, true, true, s[4].defined()});
+    std::vector<at::Tensor> gs = layer_attention_bwd(0, load_graph(ctx), s[7], s[6], h,
+                                                     opt_of(s[4]), s[8], s[9],
+                                                     grads[0].contiguous());
+    // gs: d a_dst, d a_src, d h, (d edge), d bias; the logits' share of d h added in place
+    at::Tensor d_h = gs[2];
+    at::Tensor d_as, d_ad;
+    std::tie(d_as, d_ad) = gat_logits_bwd(h, att_src, att_dst, gs[1], gs[0], d_h);
+    // the projection's gradients as autograd's mm formulas compute them (for
+    // x W^T with a row-major W: d x = d h W, d W = d h^T x)
+    const at::Tensor d2 = d_h.view({h.size(0), h.size(1) * h.size(2)});
+    if (needs(0)) r[0] = at::mm(d2, w);
+    if (needs(1)) r[1] = at::mm(d2.t(), x);
+    if (needs(2)) r[2] = d_as;
+    if (needs(3)) r[3] = d_ad;
+    if (needs(4)) r[4] = gs[4];
+    return r;
+  }
+};
+
+#define DFGNN_GAT_LAYER_PARAMS                                                             \
+  const at::Tensor &x, const at::Tensor &w, const at::Tensor &att_src,                         \
+      const at::Tensor &att_dst, const optional<at::Tensor> &bias, DFGNN_LAYER_GRAPH_PARAMS,   \
+      double slope, double p, int64_t seed
+
+// out [N, H * C]
+at::Tensor gat_layer_autograd(DFGNN_GAT_LAYER_PARAMS) {
+  const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
+  return flat_heads(GatLayerFn::apply(x, w, att_src, att_dst, bias, &g)[0]);
+}
+
+// (no autograd: inference mode)
+at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
+  return flat_heads(
+      gat_layer_forward(x, w, att_src, att_dst, bias, DFGNN_LAYER_GRAPH(1.0, slope)).out);
+}
+
+// ---------------------------------------------------------- Transformer layer
+// TransformerConv (dfgnn_C::transformer_layer; concatenated heads, no beta, no
+// edge features): q / k / v as the column blocks of one GEMM with the weights
+// stacked and each head's rows zero-padded to the kernels' width W
+// (stack_pad_heads), the skip projection x W_s^T + b_s (or none: no root
+// weight), the fused dot attention and attention[..., :C] + skip.  Backward:
+// the fused backward writing d q / k / v as the blocks of one buffer, the
+// projections' GEMMs (the padding rows dropped from the weight and bias
+// gradients), the bias gradients as column sums (GEMVs where ``gemv``).
+// Without autograd the skip is the GEMM's 4th block, added in the attention's
+// epilogue where the heads are not padded (nn/transformer_conv.py, nn/_glue.py).
 
 // [N, H * W] block b of a [N, n * H * W] projection output, as [N, H, W]
 at::Tensor block(const at::Tensor& y, int64_t b, int64_t H, int64_t W) {
@@ -715,38 +736,38 @@ at::Tensor heads_out(const at::Tensor& out, int64_t C) {
 // forward without autograd: the skip (a 4th weight in ws, or none) as the
 // GEMM's 4th block, added in the kernels' epilogue where the heads are not padded
 at::Tensor transformer_layer_nograd(const at::Tensor& x, at::TensorList ws, at::TensorList bs,
-                                    const DotCall& c) {
-  const int64_t H = c.heads, C = c.chans, W = c.width;
+                                    const LayerGraph& g, int64_t H, int64_t C, int64_t W) {
   at::Tensor wp, bp;
   std::tie(wp, bp) = stack_pad_heads(ws, bs, H, C, W);
   const at::Tensor y = bs.empty() ? at::mm(x, wp.t()) : at::addmm(bp, x, wp.t());
   const at::Tensor q = block(y, 0, H, W), k = block(y, 1, H, W), v = block(y, 2, H, W);
-  if (ws.size() < 4) return heads_out(std::get<0>(dot_attention_fwd(q, k, v, c, at::Tensor())), C);
+  if (ws.size() < 4) return heads_out(std::get<0>(layer_attention_fwd(2, g, q, k, v, {})), C);
   const at::Tensor skip = block(y, 3, H, W).narrow(2, 0, C);
-  if (W == C) return heads_out(std::get<0>(dot_attention_fwd(q, k, v, c, skip)), C);
-  return heads_out(std::get<0>(dot_attention_fwd(q, k, v, c, at::Tensor())).narrow(2, 0, C) + skip,
+  if (W == C) return heads_out(std::get<0>(layer_attention_fwd(2, g, q, k, v, {}, skip)), C);
+  return heads_out(std::get<0>(layer_attention_fwd(2, g, q, k, v, {})).narrow(2, 0, C) + skip,
                    C);
 }
 
 // saved variables: x, the stacked padded q / k / v weight, the skip weight (or
 // an undefined tensor: no root weight), the projection output y [N, 3 H W],
-// the attention output [N, H, W], lse (the graph and schedule: graph_tensors).
-// Its output: [N, H, C], the attention output's first C columns (+ the skip).
+// the attention output [N, H, W], lse.  Its output: [N, H, C], the attention
+// output's first C columns (+ the skip).
 struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wq,
                                const optional<at::Tensor>& bq, const at::Tensor& wk,
                                const optional<at::Tensor>& bk, const at::Tensor& wv,
                                const optional<at::Tensor>& bv, const optional<at::Tensor>& ws,
-                               const optional<at::Tensor>& bs, const DotCall* c) {
-    const int64_t N = x.size(0), H = c->heads, C = c->chans, W = c->width;
+                               const optional<at::Tensor>& bs, const LayerGraph* g, int64_t H,
+                               int64_t C, int64_t W, bool gemv) {
+    const int64_t N = x.size(0);
     const bool has_b = bq.has_value();   // (q / k / v: all biases or none)
     at::Tensor wp, bp;
     if (has_b) std::tie(wp, bp) = stack_pad_heads({wq, wk, wv}, {*bq, *bk, *bv}, H, C, W);
     else std::tie(wp, bp) = stack_pad_heads({wq, wk, wv}, {}, H, C, W);
     const at::Tensor y = has_b ? at::addmm(bp, x, wp.t()) : at::mm(x, wp.t());
     at::Tensor attn, lse, alpha;
-    std::tie(attn, lse, alpha) = dot_attention_fwd(block(y, 0, H, W), block(y, 1, H, W),
-                                                   block(y, 2, H, W), *c, at::Tensor());
+    std::tie(attn, lse, alpha) =
+        layer_attention_fwd(2, *g, block(y, 0, H, W), block(y, 1, H, W), block(y, 2, H, W), {});
     // [N, H, C]: the attention's first C columns (+ the skip)
     at::Tensor out = W == C ? attn : attn.narrow(2, 0, C);
     if (ws.has_value()) {
@@ -756,51 +777,29 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
       out = out.contiguous();
     }
     ctx->save_for_backward({x, wp, opt(ws), y, attn, lse});
-    ctx->saved_data["graph"] = graph_tensors(c->rowptr, c->col, c->perm, c->t_rowptr,
-                                             c->t_col, c->t_perm, c->work, c->merge, c->t_work,
-                                             c->t_merge);
-    ctx->saved_data["sched"] = c->sched.vec();
-    ctx->saved_data["scale"] = c->scale;
-    ctx->saved_data["p"] = c->p;
-    ctx->saved_data["seed"] = c->seed;
-    ctx->saved_data["hcw"] = std::vector<int64_t>{H, C, W, c->gemv ? 1 : 0, has_b ? 1 : 0,
-                                                  ws.has_value() ? 1 : 0, bs.has_value() ? 1 : 0};
-    ctx->set_materialize_grads(false);
+    save_graph(ctx, *g);
+    ctx->saved_data["dims"] = std::vector<int64_t>{H, C, W, gemv, has_b, ws.has_value(),
+                                                   bs.has_value()};
     return {out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list r(10);
+    variable_list r(14);
     if (!grads[0].defined()) return r;
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &wp = s[1], &ws = s[2], &y = s[3];   // (ws: or undefined)
-    const std::vector<int64_t> hcw = ctx->saved_data["hcw"].toIntVector();
-    const int64_t H = hcw[0], C = hcw[1], W = hcw[2], N = x.size(0);
-    const bool gemv = hcw[3] != 0, has_b = hcw[4] != 0, has_ws = hcw[5] != 0,
-               has_bs = hcw[6] != 0;
-    // the forward's arguments x, wq, bq, wk, bk, wv, bv, ws, bs: whether each was
-    // a variable (absent biases were not), and so its index among the node's inputs
-    const bool present[9] = {true, true, has_b, true, has_b, true, has_b, has_ws, has_bs};
-    int64_t var[9];
-    for (int64_t i = 0, n = 0; i < 9; ++i) var[i] = present[i] ? n++ : -1;
-    auto needs = [&](int i) { return var[i] >= 0 && ctx->needs_input_grad(var[i]); };
-    const std::vector<at::Tensor> gr = ctx->saved_data["graph"].toTensorVector();
-    auto o = [&](size_t i) { return gr[i].defined() ? optional<at::Tensor>(gr[i]) : c10::nullopt; };
-    const std::vector<int64_t> sched = ctx->saved_data["sched"].toIntVector();
-    const optional<at::Tensor> perm = o(2), work = o(6), merge = o(7), t_work = o(8),
-                               t_merge = o(9);
-    const DotCall c{gr[0], gr[1], perm, gr[3], gr[4], gr[5], sched, work, merge, t_work, t_merge,
-                    ctx->saved_data["scale"].toDouble(), ctx->saved_data["p"].toDouble(),
-                    ctx->saved_data["seed"].toInt(), H, C, W, gemv};
+    const std::vector<int64_t> d = ctx->saved_data["dims"].toIntVector();
+    const int64_t H = d[0], C = d[1], W = d[2], N = x.size(0);
+    const bool gemv = d[3] != 0, has_b = d[4] != 0, has_ws = d[5] != 0, has_bs = d[6] != 0;
+    // (arguments x, wq, bq, wk, bk, wv, bv, ws, bs)
+    const InputGrads needs(ctx, {true, true, has_b, true, has_b, true, has_b, has_ws, has_bs});
     // (the output's gradient: the skip's, and the attention output's first C columns')
     const at::Tensor g2 = grads[0].reshape({N, H * C}).contiguous();
     at::Tensor g3 = g2.view({N, H, C});
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
-    const at::Tensor q = block(y, 0, H, W), k = block(y, 1, H, W), v = block(y, 2, H, W);
-    std::vector<at::Tensor> gs = attention_bwd_impl(
-        2, c.rowptr, c.col, c.perm, c.t_rowptr, c.t_col, c.t_perm, q, k, v, c10::nullopt,
-        c10::nullopt, c.scale, 0.0, c.p, c.seed, s[4], s[5], g3, c.sched, c.work, c.merge,
-        c.t_work, c.t_merge, false, true);
+    std::vector<at::Tensor> gs =
+        layer_attention_bwd(2, load_graph(ctx), block(y, 0, H, W), block(y, 1, H, W),
+                            block(y, 2, H, W), {}, s[4], s[5], g3, /*blocks=*/true);
     // d q / k / v: the column blocks of one buffer [N, 3 H W] (qkv_blocks), else joined
     const int64_t w = H * W;
     const at::Tensor &dq = gs[0], &dk = gs[1], &dv = gs[2];
@@ -833,23 +832,15 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
   const at::Tensor &x, const at::Tensor &wq, const optional<at::Tensor> &bq,                  \
       const at::Tensor &wk, const optional<at::Tensor> &bk, const at::Tensor &wv,              \
       const optional<at::Tensor> &bv, const optional<at::Tensor> &ws,                          \
-      const optional<at::Tensor> &bs, const at::Tensor &rowptr, const at::Tensor &col,         \
-      const optional<at::Tensor> &perm, const at::Tensor &t_rowptr, const at::Tensor &t_col,  \
-      const at::Tensor &t_perm, at::IntArrayRef sched, const optional<at::Tensor> &work,      \
-      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                  \
-      const optional<at::Tensor> &t_merge, double scale, double p, int64_t seed,              \
-      int64_t heads, int64_t chans, int64_t width, bool gemv
-#define DFGNN_DOT_CALL                                                                      \
-  DotCall {                                                                                 \
-    rowptr, col, perm, t_rowptr, t_col, t_perm, sched, work, merge, t_work, t_merge, scale,  \
-        p, seed, heads, chans, width, gemv                                                 \
-  }
+      const optional<at::Tensor> &bs, DFGNN_LAYER_GRAPH_PARAMS, double scale, double p,        \
+      int64_t seed, int64_t heads, int64_t chans, int64_t width, bool gemv
 
 at::Tensor transformer_layer_nograd_call(DFGNN_TRANSFORMER_LAYER_PARAMS) {
-  const DotCall c = DFGNN_DOT_CALL;
+  const LayerGraph g = DFGNN_LAYER_GRAPH(scale, 0.0);
   std::vector<at::Tensor> w{wq, wk, wv};
   if (ws.has_value()) w.push_back(*ws);
-  if (!bq.has_value() && !bs.has_value()) return transformer_layer_nograd(x, w, {}, c);
+  if (!bq.has_value() && !bs.has_value())
+    return transformer_layer_nograd(x, w, {}, g, heads, chans, width);
   // (biases on some maps only: zeros for the others; the path of several ops
   // then keeps the skip's own GEMM, which computes the same)
   auto b = [&](const optional<at::Tensor>& t) {
@@ -857,46 +848,39 @@ at::Tensor transformer_layer_nograd_call(DFGNN_TRANSFORMER_LAYER_PARAMS) {
   };
   std::vector<at::Tensor> bl{b(bq), b(bk), b(bv)};
   if (ws.has_value()) bl.push_back(b(bs));
-  return transformer_layer_nograd(x, w, bl, c);
+  return transformer_layer_nograd(x, w, bl, g, heads, chans, width);
+}
+
+bool requires_grad(std::initializer_list<const at::Tensor*> ts,
+                   std::initializer_list<const optional<at::Tensor>*> os) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->requires_grad()) return true;
+  for (const optional<at::Tensor>* t : os)
+    if (t->has_value() && (*t)->requires_grad()) return true;
+  return false;
 }
 
 // out [N, H * C]
 at::Tensor transformer_layer_autograd(DFGNN_TRANSFORMER_LAYER_PARAMS) {
-  auto rg = [](const optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
-  const bool grad = at::GradMode::is_enabled() &&
-                    (x.requires_grad() || wq.requires_grad() || rg(bq) || wk.requires_grad() ||
-                     rg(bk) || wv.requires_grad() || rg(bv) || rg(ws) || rg(bs));
-  if (!grad)
+  if (!requires_grad({&x, &wq, &wk, &wv}, {&bq, &bk, &bv, &ws, &bs}))
     return transformer_layer_nograd_call(x, wq, bq, wk, bk, wv, bv, ws, bs, rowptr, col, perm,
                                          t_rowptr, t_col, t_perm, sched, work, merge, t_work,
                                          t_merge, scale, p, seed, heads, chans, width, gemv);
-  const DotCall c = DFGNN_DOT_CALL;
-  at::Tensor out = TransformerLayerFn::apply(x, wq, bq, wk, bk, wv, bv, ws, bs, &c)[0];
-  return out.view({out.size(0), out.size(1) * out.size(2)});
+  const LayerGraph g = DFGNN_LAYER_GRAPH(scale, 0.0);
+  return flat_heads(TransformerLayerFn::apply(x, wq, bq, wk, bk, wv, bv, ws, bs, &g, heads, chans,
+                                              width, gemv)[0]);
 }
 
 // -------------------------------------------------------------- GATv2 layer
-// A GATv2Conv call on one node set (concatenated heads or one, no residual, no
-// edge features) as one op and one autograd node (dfgnn_C::gatv2_layer;
-// pyg_dfgnn/nn/gatv2_conv.py): x_l = x W_l^T + b_l and x_r = x W_r^T + b_r (or
-// x_r = x_l: shared weights), each head's rows zero-padded to the kernels'
-// width W (stack_pad_heads), the fused GATv2 attention with att padded alike,
-// out = attention[..., :C] + bias.  Backward: the fused backward, the
+// GATv2Conv (dfgnn_C::gatv2_layer; concatenated heads, no residual, no edge
+// features): x_l = x W_l^T + b_l and x_r = x W_r^T + b_r (or x_r = x_l: shared
+// weights), each head's rows zero-padded to the kernels' width W where it
+// differs from C (stack_pad_heads), the fused GATv2 attention with att padded
+// alike, out = attention[..., :C] + bias.  Backward: the fused backward, the
 // projections' GEMMs with the padding rows dropped, the bias gradients as
-// column sums (GEMVs where ``gemv_proj`` / ``gemv_bias``) -- the formulas of the
-// path of several ops (nn/gatv2_conv.py, nn/_glue.py, autograd's addmm), so
-// the two agree bit for bit under torch.use_deterministic_algorithms.
-
-struct Gatv2Call {
-  const at::Tensor &rowptr, &col;
-  const optional<at::Tensor>& perm;
-  const at::Tensor &t_rowptr, &t_col, &t_perm;
-  at::IntArrayRef sched;
-  const optional<at::Tensor>&work, &merge, &t_work, &t_merge;
-  double slope, p;
-  int64_t seed, heads, chans, width;
-  bool gemv_proj, gemv_bias;
-};
+// column sums (GEMVs where ``gemv_proj`` / ``gemv_bias``) -- the formulas of
+// nn/gatv2_conv.py's path (autograd's addmm, _glue's _PaddedParams, add_bias).
 
 // x W^T (+ b) in the padded width, [N, H, W], with its padded weight
 std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const at::Tensor& w,
@@ -917,8 +901,8 @@ struct Gatv2Fwd {
 
 Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional<at::Tensor>& bl,
                        const optional<at::Tensor>& wr, const optional<at::Tensor>& br,
-                       const at::Tensor& att, const Gatv2Call& c) {
-  const int64_t H = c.heads, C = c.chans, W = c.width;
+                       const at::Tensor& att, const LayerGraph& g, int64_t H, int64_t C,
+                       int64_t W) {
   Gatv2Fwd f;
   std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W);
   if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W);
@@ -926,10 +910,7 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
   const at::Tensor a = att.dim() == 3 ? att.select(0, 0) : att;   // (PyG's [1, H, C])
   f.attp = W == C ? a : at::constant_pad_nd(a, {0, W - C});
   at::Tensor alpha;
-  std::tie(f.out, f.lse, alpha) = attention_fwd_impl(
-      1, c.rowptr, c.col, c.perm, c.t_rowptr, c.t_col, c.t_perm, f.xr, f.xl, c10::nullopt,
-      c10::nullopt, f.attp, 1.0, c.slope, c.p, c.seed, false, c.sched, c.work, c.merge,
-      c.t_work, c.t_merge, at::Tensor());
+  std::tie(f.out, f.lse, alpha) = layer_attention_fwd(1, g, f.xr, f.xl, {}, f.attp);
   return f;
 }
 
@@ -943,49 +924,36 @@ at::Tensor gatv2_epilogue(const at::Tensor& out, const optional<at::Tensor>& bia
 }
 
 // saved variables: x, the padded weights (W_r: or undefined, shared), x_l, x_r
-// (undefined when shared), att padded, the attention output, lse (the graph
-// and schedule: graph_tensors).  Its output: [N, H, C] (gatv2_epilogue; the
-// op returns it viewed [N, H * C], as a Function's output must not be a view)
+// (undefined when shared), att padded, the attention output, lse.  Its output:
+// [N, H, C] (gatv2_epilogue; the op returns it viewed [N, H * C], as a
+// Function's output must not be a view)
 struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wl,
                                const optional<at::Tensor>& bl, const optional<at::Tensor>& wr,
                                const optional<at::Tensor>& br, const at::Tensor& att,
-                               const optional<at::Tensor>& bias, const Gatv2Call* c) {
-    Gatv2Fwd f = gatv2_forward(x, wl, bl, wr, br, att, *c);
+                               const optional<at::Tensor>& bias, const LayerGraph* g, int64_t H,
+                               int64_t C, int64_t W, bool gemv_proj, bool gemv_bias) {
+    Gatv2Fwd f = gatv2_forward(x, wl, bl, wr, br, att, *g, H, C, W);
     ctx->save_for_backward({x, f.wlp, f.wrp, f.xl, wr.has_value() ? f.xr : at::Tensor(),
                             f.attp, f.out, f.lse});
-    ctx->saved_data["graph"] = graph_tensors(c->rowptr, c->col, c->perm, c->t_rowptr,
-                                             c->t_col, c->t_perm, c->work, c->merge, c->t_work,
-                                             c->t_merge);
-    ctx->saved_data["sched"] = c->sched.vec();
-    ctx->saved_data["slope"] = c->slope;
-    ctx->saved_data["p"] = c->p;
-    ctx->saved_data["seed"] = c->seed;
-    ctx->saved_data["flags"] = std::vector<int64_t>{
-        c->heads, c->chans, c->width, c->gemv_proj, c->gemv_bias, bl.has_value(),
-        wr.has_value(), br.has_value(), bias.has_value(), att.dim()};
-    ctx->set_materialize_grads(false);
-    return {gatv2_epilogue(f.out, bias, c->chans)};
+    save_graph(ctx, *g);
+    ctx->saved_data["dims"] = std::vector<int64_t>{
+        H, C, W, gemv_proj, gemv_bias, bl.has_value(), wr.has_value(), br.has_value(),
+        bias.has_value(), att.dim()};
+    return {gatv2_epilogue(f.out, bias, C)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list r(8);
+    variable_list r(13);
     if (!grads[0].defined()) return r;
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &wlp = s[1], &wrp = s[2], &xl = s[3];
-    const std::vector<int64_t> fl = ctx->saved_data["flags"].toIntVector();
-    const int64_t H = fl[0], C = fl[1], W = fl[2], N = x.size(0);
-    const bool gemv_proj = fl[3], gemv_bias = fl[4], has_bl = fl[5], has_wr = fl[6],
-               has_br = fl[7], has_bias = fl[8];
+    const std::vector<int64_t> d = ctx->saved_data["dims"].toIntVector();
+    const int64_t H = d[0], C = d[1], W = d[2], N = x.size(0);
+    const bool gemv_proj = d[3], gemv_bias = d[4], has_wr = d[6];
     const at::Tensor xr = has_wr ? s[4] : xl;
-    // the forward's arguments x, wl, bl, wr, br, att, bias: which were variables
-    const bool present[7] = {true, true, has_bl, has_wr, has_br, true, has_bias};
-    int64_t var[7];
-    for (int64_t i = 0, n = 0; i < 7; ++i) var[i] = present[i] ? n++ : -1;
-    auto needs = [&](int i) { return var[i] >= 0 && ctx->needs_input_grad(var[i]); };
-    const std::vector<at::Tensor> gr = ctx->saved_data["graph"].toTensorVector();
-    auto o = [&](size_t i) { return gr[i].defined() ? optional<at::Tensor>(gr[i]) : c10::nullopt; };
-    const std::vector<int64_t> sched = ctx->saved_data["sched"].toIntVector();
+    // (arguments x, wl, bl, wr, br, att, bias)
+    const InputGrads needs(ctx, {true, true, d[5] != 0, has_wr, d[7] != 0, true, d[8] != 0});
     const at::Tensor g2 = grads[0].reshape({N, H * C}).contiguous();
     // the bias gradient as the several-op path sums it: over [N, H * C] rows
     // (unpadded heads, or the GEMV), over the first dimension of [N, H, C] (padded)
@@ -996,19 +964,16 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
     }
     at::Tensor g3 = g2.view({N, H, C});
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
-    std::vector<at::Tensor> gs = attention_bwd_impl(
-        1, gr[0], gr[1], o(2), gr[3], gr[4], gr[5], xr, xl, c10::nullopt, c10::nullopt, s[5],
-        1.0, ctx->saved_data["slope"].toDouble(), ctx->saved_data["p"].toDouble(),
-        ctx->saved_data["seed"].toInt(), s[6], s[7], g3, sched, o(6), o(7), o(8), o(9), false,
-        false);
+    std::vector<at::Tensor> gs =
+        layer_attention_bwd(1, load_graph(ctx), xr, xl, {}, s[5], s[6], s[7], g3);
     // gs: d x_r, d x_l, (value), (edge), d att [H, W]
     if (needs(5)) {
       const at::Tensor da = W == C ? gs[4] : gs[4].narrow(1, 0, C);
-      r[5] = fl[9] == 3 ? da.unsqueeze(0) : da;
+      r[5] = d[9] == 3 ? da.unsqueeze(0) : da;
     }
     const at::Tensor dl = has_wr ? gs[1] : gs[1] + gs[0];   // (shared: x_r is x_l)
-    auto proj = [&](const at::Tensor& d, const at::Tensor& wp, int iw, int ib) {
-      const at::Tensor d2 = d.view({N, H * W});
+    auto proj = [&](const at::Tensor& dp, const at::Tensor& wp, int iw, int ib) {
+      const at::Tensor d2 = dp.view({N, H * W});
       if (needs(iw)) r[iw] = unpad_rows(at::mm(d2.t(), x), H, C, W);
       if (needs(ib)) r[ib] = unpad_rows(column_sum(d2, gemv_proj), H, C, W);
       return needs(0) ? at::mm(d2, wp) : at::Tensor();
@@ -1026,37 +991,26 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
 #define DFGNN_GATV2_LAYER_PARAMS                                                           \
   const at::Tensor &x, const at::Tensor &wl, const optional<at::Tensor> &bl,                  \
       const optional<at::Tensor> &wr, const optional<at::Tensor> &br, const at::Tensor &att,   \
-      const optional<at::Tensor> &bias, const at::Tensor &rowptr, const at::Tensor &col,       \
-      const optional<at::Tensor> &perm, const at::Tensor &t_rowptr, const at::Tensor &t_col,  \
-      const at::Tensor &t_perm, at::IntArrayRef sched, const optional<at::Tensor> &work,      \
-      const optional<at::Tensor> &merge, const optional<at::Tensor> &t_work,                  \
-      const optional<at::Tensor> &t_merge, double slope, double p, int64_t seed,              \
-      int64_t heads, int64_t chans, int64_t width, bool gemv_proj, bool gemv_bias
-#define DFGNN_GATV2_CALL                                                                    \
-  Gatv2Call {                                                                               \
-    rowptr, col, perm, t_rowptr, t_col, t_perm, sched, work, merge, t_work, t_merge, slope,  \
-        p, seed, heads, chans, width, gemv_proj, gemv_bias                                 \
-  }
+      const optional<at::Tensor> &bias, DFGNN_LAYER_GRAPH_PARAMS, double slope, double p,      \
+      int64_t seed, int64_t heads, int64_t chans, int64_t width, bool gemv_proj,               \
+      bool gemv_bias
 
 at::Tensor gatv2_layer_nograd(DFGNN_GATV2_LAYER_PARAMS) {
-  const Gatv2Call c = DFGNN_GATV2_CALL;
-  const at::Tensor out = gatv2_epilogue(gatv2_forward(x, wl, bl, wr, br, att, c).out, bias, chans);
-  return out.view({out.size(0), heads * chans});
+  const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
+  return flat_heads(
+      gatv2_epilogue(gatv2_forward(x, wl, bl, wr, br, att, g, heads, chans, width).out, bias,
+                     chans));
 }
 
 // out [N, H * C]
 at::Tensor gatv2_layer_autograd(DFGNN_GATV2_LAYER_PARAMS) {
-  auto rg = [](const optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
-  const bool grad = at::GradMode::is_enabled() &&
-                    (x.requires_grad() || wl.requires_grad() || rg(bl) || rg(wr) || rg(br) ||
-                     att.requires_grad() || rg(bias));
-  if (!grad)
+  if (!requires_grad({&x, &wl, &att}, {&bl, &wr, &br, &bias}))
     return gatv2_layer_nograd(x, wl, bl, wr, br, att, bias, rowptr, col, perm, t_rowptr, t_col,
                               t_perm, sched, work, merge, t_work, t_merge, slope, p, seed, heads,
                               chans, width, gemv_proj, gemv_bias);
-  const Gatv2Call c = DFGNN_GATV2_CALL;
-  const at::Tensor out = Gatv2LayerFn::apply(x, wl, bl, wr, br, att, bias, &c)[0];
-  return out.view({out.size(0), heads * chans});
+  const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
+  return flat_heads(Gatv2LayerFn::apply(x, wl, bl, wr, br, att, bias, &g, heads, chans, width,
+                                        gemv_proj, gemv_bias)[0]);
 }
 
 }  // namespace

@@ -34,26 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _timed(fn, reps: int, warmup: int = 3) -> float:
-    import torch
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
-
-
 def measure(conv, stack, x, xh, ei, reps: int, calls: int, prof_reps: int) -> dict:
     """One round's numbers of one flag value (see the module docstring)."""
     import torch
     import host_overhead as ho
-    from kernel_ab import gpu_times
+    from kernel_ab import gpu_times, timed_median
     xs = x.detach().requires_grad_(True)
 
     def fwd():
@@ -64,7 +49,7 @@ def measure(conv, stack, x, xh, ei, reps: int, calls: int, prof_reps: int) -> di
         o = conv(xs, ei)
         o.backward(torch.ones_like(o))
 
-    r = {"fwd": _timed(fwd, reps), "fb": _timed(fb, reps)}
+    r = {"fwd": timed_median(fwd, reps), "fb": timed_median(fb, reps)}
     hf, hb, _, _ = ho.host_times(stack, xh, ei, calls, 1)
     d = len(stack.convs)
     r["host_f"], r["host_b"] = hf / d, hb / d

@@ -39,6 +39,23 @@ def kernel_class(name: str) -> str:
     return ""
 
 
+def timed_median(fn, reps: int, warmup: int = 3) -> float:
+    """Median ms of ``reps`` synchronised calls of ``fn`` after ``warmup``: CUDA
+    events around each call (the layer benchmark's measure)."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
 def gpu_times(fn, reps: int):
     """GPU time per call of ``fn`` (ms, torch.profiler over ``reps`` calls):
     the total of every CUDA kernel, and the attention kernels per class."""
@@ -105,19 +122,8 @@ def _cases(a, spec, g, ei, dev, out, extra) -> None:
                 o = ours(xs, ei)
                 o.backward(torch.ones_like(o))
 
-            times = {}
-            for pname, fn in (("fwd", fwd), ("fb", fb)):
-                for _ in range(a.warmup):
-                    fn()
-                ts = []
-                for _ in range(a.reps):
-                    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-                    s.record()
-                    fn()
-                    e.record()
-                    e.synchronize()
-                    ts.append(s.elapsed_time(e))
-                times[pname + "_ms"] = statistics.median(ts)
+            times = {pname + "_ms": timed_median(fn, a.reps, a.warmup)
+                     for pname, fn in (("fwd", fwd), ("fb", fb))}
             fwd_total, _ = gpu_times(fwd, a.prof_reps)
             total, kern = gpu_times(fb, a.prof_reps)
             row = {"graph": spec["name"], "layer": lname, "shape": shp, "dtype": dname,

@@ -30,7 +30,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 
 from ..graph import CSRGraph, GraphRef, get_graph, is_sparse_tensor, is_torch_sparse, plain
 from ..ops import SUPPORTED_DTYPES
-from ._glue import add_bias
+from ._glue import _global_hooks, _plain, add_bias
 
 __all__ = ["FusedAttentionMixin", "Adjacency", "resolve_adjacency", "common_dtype",
            "attention_weights", "check_sparse_loops", "generic_propagate"]
@@ -53,6 +53,9 @@ _PYG_METHODS = ("message", "aggregate", "message_and_aggregate", "update",
                 "edge_update", "explain_message")
 
 _WARNED: set = set()
+
+#: the dtypes of the layers' one-op paths (the CUDA kernels' own)
+LAYER_OP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _warn_once(cls: type, reason: str) -> None:
@@ -155,6 +158,46 @@ class FusedAttentionMixin:
         if self.bias is not None:
             out = add_bias(out, self.bias)   # GEMV bias gradient (nn/_glue.py)
         return out
+
+    # -- the one-op layer paths (GAT, GATv2, Transformer: ``_layer_op``) --------
+
+    @staticmethod
+    def _layer_op_applies(flag, x: Tensor, edge_index: Any) -> bool:
+        """Whether a call may take a layer's one-op path (``dfgnn_C::*_layer``)
+        as far as its inputs go: the layer module's ``flag`` (``LAYER_OP``) on,
+        an eager CUDA call of a 2-D ``x`` in a kernel dtype on an
+        ``edge_index`` tensor, no autocast, no global module hooks (the path
+        does not call the projections' modules)."""
+        return bool(flag[0] and x.is_cuda and x.dim() == 2 and x.dtype in LAYER_OP_DTYPES
+                    and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
+                    and not torch.compiler.is_compiling()
+                    and not torch.is_autocast_enabled("cuda") and not _global_hooks())
+
+    @staticmethod
+    def _layer_op_map(lin, rows: int, x: Tensor):
+        """``(weight, bias)`` of a projection a one-op path can run itself: a
+        plain linear map (no hooks) with a ``[rows, in]`` weight and a
+        ``[rows]`` bias or none, in ``x``'s dtype and on its device; else
+        ``None``."""
+        if lin is None or not _plain(lin):
+            return None
+        w, b = lin.weight, lin.bias
+        if (w.shape != (rows, x.size(1)) or w.dtype != x.dtype or w.device != x.device
+                or (b is not None and (b.shape != (rows,) or b.dtype != x.dtype
+                                       or b.device != x.device))):
+            return None
+        return w, b
+
+    def _layer_op_graph(self, x: Tensor, edge_index: Tensor, loops: bool) -> Optional[CSRGraph]:
+        """The cached CSR graph of a one-op call on the node set of ``x``
+        (PyG's self-loops where ``loops``), or ``None`` where it is not that
+        square graph."""
+        n = x.size(0)
+        if n == 0:
+            return None
+        g = resolve_adjacency(edge_index, None, n, n, loops=n if loops else None,
+                              fill_value=getattr(self, "fill_value", None)).graph
+        return g if isinstance(g, CSRGraph) and g.num_src == n and g.num_dst == n else None
 
     @property
     def _fused_dropout(self) -> float:

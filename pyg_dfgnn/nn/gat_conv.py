@@ -13,7 +13,6 @@ from ..ops import GAT, gat_attention, gat_node_attention
 from ..ops import _check_float, _seed
 from ..ops.fused import gat_layer_on
 from ..schedule import plan_for
-from ._glue import _global_hooks, _plain
 from ._padded import gpu_bound, kernel_width, paddable, padded_linear, unpad
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, resolve_adjacency)
@@ -43,9 +42,6 @@ def _folded_logits(lin, x: Tensor, atts) -> Optional[Tensor]:
 #: whether eager CUDA calls take the one-op layer path (:meth:`GATConv._layer_op`);
 #: the tests switch it off to compare with the path of several ops
 LAYER_OP = [True]
-
-#: the dtypes of the one-op layer path (the CUDA kernels' own)
-_LAYER_OP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 #: devices whose eager calls take :func:`pyg_dfgnn.ops.gat_node_attention` (the
 #: node logits inside the op; CUDA: a logits kernel and one autograd node).  On
@@ -126,28 +122,20 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         kernels, the projection's GEMMs as autograd's formulas; the dropout
         seed drawn alike) with a few host calls instead of about twenty
         (host time per call: docs/KERNELS.md, session 30)."""
-        if not (LAYER_OP[0] and x.is_cuda and x.dim() == 2 and x.dtype in _LAYER_OP_DTYPES
-                and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
-                and not torch.compiler.is_compiling()
-                and not torch.is_autocast_enabled("cuda")):
+        if not self._layer_op_applies(LAYER_OP, x, edge_index):
             return None
         H, C = self.heads, self.out_channels
-        lin = self.lin
-        if (lin is None or self.res is not None or not (self.concat or H == 1)
-                or not _plain(lin) or lin.bias is not None or _global_hooks()):
+        if self.res is not None or not (self.concat or H == 1):
             return None
-        n, dt, dev = x.size(0), x.dtype, x.device
-        w, att_src, att_dst = lin.weight, self.att_src, self.att_dst
-        if (n == 0 or w.shape != (H * C, x.size(1)) or w.dtype != dt or w.device != dev
-                or any(t.dtype != dt or t.device != dev for t in (att_src, att_dst))
+        wb = self._layer_op_map(self.lin, H * C, x)
+        att_src, att_dst = self.att_src, self.att_dst
+        if (wb is None or wb[1] is not None
+                or any(t.dtype != x.dtype or t.device != x.device for t in (att_src, att_dst))
                 or att_src.dim() not in (2, 3) or att_src.shape[-2:] != (H, C)
                 or att_dst.shape != att_src.shape or kernel_width(C, x, H, 0) != C):
             return None
-        adj = resolve_adjacency(edge_index, None, n, n,
-                                loops=n if self.add_self_loops else None,
-                                fill_value=self.fill_value)
-        g = adj.graph
-        if not (isinstance(g, CSRGraph) and g.num_src == n and g.num_dst == n):
+        g = self._layer_op_graph(x, edge_index, self.add_self_loops)
+        if g is None:
             return None
         # (last: the bias the kernel adds, by the rule of the usual path, which
         # this path takes wherever that rule keeps a bias out of the kernel)
@@ -156,8 +144,8 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             return None
         slope = _check_float("negative_slope", self.negative_slope)
         p = self._fused_dropout
-        return gat_layer_on(g, plan_for(g, GAT, C, H, dt), x, w, att_src, att_dst, bias, slope,
-                            p, _seed(p, dev))
+        return gat_layer_on(g, plan_for(g, GAT, C, H, x.dtype), x, wb[0], att_src, att_dst, bias,
+                            slope, p, _seed(p, x.device))
 
     def _node_logits(self, x, x_in_src: Optional[Tensor], x_in_dst: Optional[Tensor],
                      x_src: Tensor, x_dst: Optional[Tensor], lin):

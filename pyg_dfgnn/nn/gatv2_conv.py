@@ -8,11 +8,10 @@ from torch import Tensor
 from torch_geometric.nn.conv.gatv2_conv import GATv2Conv as _PyGGATv2Conv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
-from ..graph import CSRGraph
 from ..ops import GATV2, _check_float, _seed, gatv2_attention
 from ..ops.fused import gatv2_layer_on
 from ..schedule import plan_for
-from ._glue import _global_hooks, _plain, _use
+from ._glue import _use
 from ._padded import kernel_width, paddable, padded_linear
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, implied_edge_attr, resolve_adjacency)
@@ -21,8 +20,6 @@ from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
 #: the tests switch it off to compare with the path of several ops
 LAYER_OP = [True]
 
-#: the dtypes of the one-op layer path (the CUDA kernels' own)
-_LAYER_OP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
@@ -62,45 +59,29 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         :func:`kernel_width` gives, the bias gradients summed alike) with a
         few host calls instead of about twenty-five (docs/KERNELS.md, session
         30)."""
-        if not (LAYER_OP[0] and x.is_cuda and x.dim() == 2 and x.dtype in _LAYER_OP_DTYPES
-                and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
-                and not torch.compiler.is_compiling()
-                and not torch.is_autocast_enabled("cuda")):
+        if not self._layer_op_applies(LAYER_OP, x, edge_index):
             return None
         H, C = self.heads, self.out_channels
-        if not self.concat or self.res is not None or _global_hooks():
+        if not self.concat or self.res is not None:
             return None
-        n, dt, dev = x.size(0), x.dtype, x.device
-        lins = []
-        for lin in (self.lin_l,) if self.share_weights else (self.lin_l, self.lin_r):
-            if not _plain(lin):
-                return None
-            w, b = lin.weight, lin.bias
-            if (w.shape != (H * C, x.size(1)) or w.dtype != dt or w.device != dev
-                    or (b is not None and (b.dtype != dt or b.device != dev
-                                           or b.shape != (H * C,)))):
-                return None
-            lins.append((w, b))
+        lins = [self._layer_op_map(lin, H * C, x)
+                for lin in ((self.lin_l,) if self.share_weights else (self.lin_l, self.lin_r))]
         att, bias = self.att, self.bias
-        if (att.dtype != dt or att.device != dev or att.shape[-2:] != (H, C)
-                or att.dim() not in (2, 3)
-                or (bias is not None and (bias.dtype != dt or bias.device != dev
+        if (any(wb is None for wb in lins) or att.dtype != x.dtype or att.device != x.device
+                or att.shape[-2:] != (H, C) or att.dim() not in (2, 3)
+                or (bias is not None and (bias.dtype != x.dtype or bias.device != x.device
                                           or bias.shape != (H * C,)))):
             return None
-        if n == 0:
-            return None
-        adj = resolve_adjacency(edge_index, None, n, n,
-                                loops=n if self.add_self_loops else None,
-                                fill_value=self.fill_value)
-        g = adj.graph
-        if not (isinstance(g, CSRGraph) and g.num_src == n and g.num_dst == n):
+        g = self._layer_op_graph(x, edge_index, self.add_self_loops)
+        if g is None:
             return None
         width = kernel_width(C, x, H)
         slope = _check_float("negative_slope", self.negative_slope)
         p = self._fused_dropout
-        return gatv2_layer_on(g, plan_for(g, GATV2, width, H, dt), x, lins[0],
+        n = x.size(0)
+        return gatv2_layer_on(g, plan_for(g, GATV2, width, H, x.dtype), x, lins[0],
                               lins[1] if len(lins) > 1 else None, att, bias, H, C, width, slope,
-                              p, _seed(p, dev), _use(x, n, H * width), _use(x, n, H * C))
+                              p, _seed(p, x.device), _use(x, n, H * width), _use(x, n, H * C))
 
     def forward(  # noqa: F811
         self,

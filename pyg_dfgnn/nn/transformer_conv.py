@@ -10,13 +10,12 @@ from torch import Tensor
 from torch_geometric.nn.conv.transformer_conv import TransformerConv as _PyGTransformerConv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
-from ..graph import CSRGraph
 from ..ops import DOT, _seed, dot_attention
 from ..ops.fused import transformer_layer_on
 from ..schedule import plan_for
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
-from ._glue import _global_hooks, _plain, _use, apply_linear, fused_projections
+from ._glue import _use, apply_linear, fused_projections
 from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 
 #: whether eager CUDA calls take the one-op layer path
@@ -24,8 +23,6 @@ from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 #: the path of several ops
 LAYER_OP = [True]
 
-#: the dtypes of the one-op layer path (the CUDA kernels' own)
-_LAYER_OP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 #: devices whose eager GPU-bound calls (:func:`._padded.gpu_bound`) project q, k
@@ -108,41 +105,26 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         gives, the skip as the GEMM's 4th block without autograd) with a few
         host calls instead of about thirty (host time: docs/KERNELS.md,
         session 30)."""
-        if not (LAYER_OP[0] and x.is_cuda and x.dim() == 2 and x.dtype in _LAYER_OP_DTYPES
-                and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
-                and not torch.compiler.is_compiling()
-                and not torch.is_autocast_enabled("cuda")):
+        if not self._layer_op_applies(LAYER_OP, x, edge_index):
             return None
-        if not (self.concat and self.lin_beta is None and self.lin_edge is None) \
-                or _global_hooks():
+        if not (self.concat and self.lin_beta is None and self.lin_edge is None):
             return None
         H, C = self.heads, self.out_channels
-        n, dt, dev = x.size(0), x.dtype, x.device
-        lins = []
         maps = (self.lin_query, self.lin_key, self.lin_value)
-        for lin in maps + ((self.lin_skip,) if self.root_weight else ()):
-            if not _plain(lin):
-                return None
-            w, b = lin.weight, lin.bias
-            if (w.shape != (H * C, x.size(1)) or w.dtype != dt or w.device != dev
-                    or (b is not None and (b.dtype != dt or b.device != dev
-                                           or b.shape != (H * C,)))
-                    or (0 < len(lins) < 3 and (b is None) != (lins[0][1] is None))):
-                return None
-            lins.append((w, b))
+        lins = [self._layer_op_map(lin, H * C, x)
+                for lin in maps + ((self.lin_skip,) if self.root_weight else ())]
+        if any(wb is None for wb in lins) or len({wb[1] is None for wb in lins[:3]}) > 1:
+            return None   # (q / k / v: biases on all or none)
         if len(lins) == 3:   # (no root weight)
             lins.append((None, None))
-        if n == 0:
-            return None
-        adj = resolve_adjacency(edge_index, None, n, n)
-        g = adj.graph
-        if not (isinstance(g, CSRGraph) and g.num_src == n and g.num_dst == n):
+        g = self._layer_op_graph(x, edge_index, False)
+        if g is None:
             return None
         width = kernel_width(C, x, H, DOT, pad_small=True)
         p = self._fused_dropout
-        return transformer_layer_on(g, plan_for(g, DOT, width, H, dt), x, lins, H, C, width,
-                                    1.0 / math.sqrt(C), p, _seed(p, dev),
-                                    _use(x, n, 3 * H * width))
+        return transformer_layer_on(g, plan_for(g, DOT, width, H, x.dtype), x, lins, H, C, width,
+                                    1.0 / math.sqrt(C), p, _seed(p, x.device),
+                                    _use(x, x.size(0), 3 * H * width))
 
     def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
                        edge_attr: OptTensor) -> Optional[Tensor]:

@@ -477,3 +477,63 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
         err = float((got.double() - want).abs().max())
         err_pyg = float((base.double() - want).abs().max())
         assert err <= 2 * err_pyg + 4 * u * float(want.abs().max()), (k, err, err_pyg)
+
+
+def check_layer_op_guards(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str,
+                          hooked: torch.nn.Module) -> None:
+    """What the layers' one-op paths (``node``) share, on CUDA: a plain call
+    takes it; in inference mode the op's forward alone gives no-grad's output;
+    the path of several ops runs for attention weights, under autocast and
+    with a forward hook on the projection ``hooked`` (which is called); a wrong
+    feature width raises PyG's error (from ``F.linear``, in Python); a graph met
+    first in inference mode (its cached CSR and schedule are inference tensors,
+    which autograd cannot save) then trains."""
+    assert node in layer_op_node(conv(x, ei))
+    with torch.inference_mode():
+        inf = conv(x.detach(), ei)
+    with torch.no_grad():
+        torch.testing.assert_close(inf, conv(x, ei), rtol=0, atol=0)
+    out, _ = conv(x, ei, return_attention_weights=True)
+    assert node not in layer_op_node(out)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert node not in layer_op_node(conv(x, ei))
+    seen: list = []
+    h = hooked.register_forward_hook(lambda *a: seen.append(1))
+    assert node not in layer_op_node(conv(x, ei)) and seen
+    h.remove()
+    assert node in layer_op_node(conv(x, ei))
+    with pytest.raises(RuntimeError):
+        conv(torch.randn(x.size(0), x.size(1) + 1, device=x.device), ei)
+    n = x.size(0)
+    ei2 = random_edge_index(n, n, ei.size(1), seed=5, device=str(ei.device))
+    with torch.inference_mode():
+        conv(x.detach(), ei2)
+    out = conv(x, ei2)
+    assert node in layer_op_node(out)
+    out.sum().backward()
+
+
+def layer_op_case(cls: type, kw: Dict[str, Any], dtype: torch.dtype, train: bool):
+    """``(conv, x, edge_index, output gradient)`` for the one-op path tests on
+    CUDA: ``cls(F_IN, dropout=0.3, **kw)`` in ``dtype`` (training mode where
+    ``train``) on a PATTERN-like batch of 4 graphs, ``x`` requiring grad."""
+    from pyg_dfgnn.data import pattern_like_batch
+    torch.manual_seed(0)
+    ei = pattern_like_batch(4, seed=0).edge_index.cuda()
+    n = int(ei.max()) + 1
+    conv = cls(F_IN, dropout=0.3, **kw).to("cuda", dtype).train(train)
+    x = torch.randn(n, F_IN, device="cuda", dtype=dtype, requires_grad=True)
+    grad = torch.randn(n, kw["heads"] * kw["out_channels"], device="cuda", dtype=dtype)
+    return conv, x, ei, grad
+
+
+#: the one-op path tests' common cases: modes, dtypes and shapes (each layer's
+#: test adds its own options to LAYER_OP_KW)
+layer_op_modes = pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+layer_op_dtypes = pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+LAYER_OP_KW = [pytest.param(dict(heads=8, out_channels=10), id="8x10"),
+               pytest.param(dict(heads=8, out_channels=19), id="8x19"),
+               pytest.param(dict(heads=4, out_channels=64), id="4x64"),
+               pytest.param(dict(heads=1, out_channels=16), id="1x16"),
+               pytest.param(dict(heads=2, out_channels=8, bias=False), id="nobias")]

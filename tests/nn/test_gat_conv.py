@@ -5,11 +5,12 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import GATConv
 
-from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N, SparseTensor,
+from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, LAYER_OP_KW, N, SparseTensor,
                      assert_layer_op_equals_several_ops, check_bf16_against_float64, check_core,
-                     check_layer_op_against_float64,
+                     check_layer_op_against_float64, check_layer_op_guards,
                      check_equivalence, check_formats, check_state_dict_round_trip,
-                     dropout_runs, feats, layer_op_node, make_adj,
+                     dropout_runs, feats, layer_op_case, layer_op_dtypes, layer_op_modes,
+                     layer_op_node, make_adj,
                      random_edge_index, record_results)
 
 
@@ -243,15 +244,12 @@ def test_node_logits_in_the_op(device, kw, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- layer op
-@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
-                         ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=8, out_channels=19),
-                                dict(heads=4, out_channels=64), dict(heads=8, out_channels=8),
-                                dict(heads=1, out_channels=16, concat=False),
-                                dict(heads=2, out_channels=8, bias=False),
-                                dict(heads=2, out_channels=8, add_self_loops=False)],
-                         ids=["8x10", "8x19", "4x64", "8x8", "1x16", "nobias", "noloops"])
+@layer_op_modes
+@layer_op_dtypes
+@pytest.mark.parametrize("kw", LAYER_OP_KW + [
+    pytest.param(dict(heads=8, out_channels=8), id="8x8"),
+    pytest.param(dict(heads=1, out_channels=16, concat=False), id="1x16mean"),
+    pytest.param(dict(heads=2, out_channels=8, add_self_loops=False), id="noloops")])
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, monkeypatch, deterministic):
@@ -261,14 +259,8 @@ def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, monkeypatch, 
     bias) are those of the layer's path of several ops on the same inputs and
     dropout seed, bit for bit; in eval mode, and with attention dropout in
     training mode."""
-    from pyg_dfgnn.data import pattern_like_batch
     from pyg_dfgnn.nn import gat_conv
-    torch.manual_seed(0)
-    ei = pattern_like_batch(4, seed=0).edge_index.cuda()
-    n = int(ei.max()) + 1
-    conv = GATConv(F_IN, dropout=0.3, **kw).to("cuda", dtype).train(train)
-    x = torch.randn(n, F_IN, device="cuda", dtype=dtype, requires_grad=True)
-    grad = torch.randn(n, kw["heads"] * kw["out_channels"], device="cuda", dtype=dtype)
+    conv, x, ei, grad = layer_op_case(GATConv, kw, dtype, train)
     assert_layer_op_equals_several_ops(gat_conv, conv, x, ei, grad, "GatLayerFn", monkeypatch)
 
 
@@ -286,35 +278,12 @@ def test_layer_op_against_float64(kw):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_layer_op_only_where_it_applies(monkeypatch):
-    """The usual path runs where the one-op path does not apply: a hook on the
-    projection (called), autocast, edge features, attention weights; without
-    autograd (inference mode) the op's forward alone gives eval mode's output."""
+def test_layer_op_only_where_it_applies():
+    """The path of several ops runs where the one-op path does not apply: edge
+    features, and the cases every layer shares (check_layer_op_guards)."""
     torch.manual_seed(0)
     ei = random_edge_index(N, N, E, device="cuda")
     conv = GATConv(F_IN, 4, heads=2, edge_dim=3).cuda().eval()
     x = feats(N, F_IN, "cuda", torch.float32).requires_grad_()
-    assert "GatLayerFn" in layer_op_node(conv(x, ei))
-    with torch.inference_mode():
-        inf = conv(x.detach(), ei)
-    torch.testing.assert_close(inf, conv(x, ei).detach(), rtol=0, atol=0)
     assert "GatLayerFn" not in layer_op_node(conv(x, ei, torch.randn(E, 3, device="cuda")))
-    out, _ = conv(x, ei, return_attention_weights=True)
-    assert "GatLayerFn" not in layer_op_node(out)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        assert "GatLayerFn" not in layer_op_node(conv(x, ei))
-    seen = []
-    h = conv.lin.register_forward_hook(lambda *a: seen.append(1))
-    assert "GatLayerFn" not in layer_op_node(conv(x, ei)) and seen
-    h.remove()
-    assert "GatLayerFn" in layer_op_node(conv(x, ei))
-    with pytest.raises(RuntimeError):   # PyG's error for a wrong feature width
-        conv(torch.randn(N, F_IN + 1, device="cuda"), ei)
-    # a graph met first in inference mode (its cached CSR and schedule are
-    # inference tensors, which autograd cannot save), then with autograd
-    ei2 = random_edge_index(N, N, E, seed=5, device="cuda")
-    with torch.inference_mode():
-        conv(x.detach(), ei2)
-    out = conv(x, ei2)
-    assert "GatLayerFn" in layer_op_node(out)
-    out.sum().backward()
+    check_layer_op_guards(conv, x, ei, "GatLayerFn", conv.lin)

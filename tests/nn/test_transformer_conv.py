@@ -5,10 +5,12 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import TransformerConv
 
-from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N,
+from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, LAYER_OP_KW, N,
                      assert_layer_op_equals_several_ops, check_core, check_equivalence,
-                     check_formats, check_layer_op_against_float64, check_state_dict_round_trip,
-                     dropout_runs, feats, layer_op_node, make_adj, random_edge_index)
+                     check_formats, check_layer_op_against_float64, check_layer_op_guards,
+                     check_state_dict_round_trip,
+                     dropout_runs, feats, layer_op_case, layer_op_dtypes, layer_op_modes,
+                     layer_op_node, make_adj, random_edge_index)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -149,16 +151,11 @@ def test_inference_adds_the_root_weight_in_the_kernel(dtype, heads, chans, nodes
 
 
 # ---------------------------------------------------------------------------- layer op
-@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
-                         ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=8, out_channels=19),
-                                dict(heads=4, out_channels=64), dict(heads=1, out_channels=16),
-                                dict(heads=2, out_channels=8, bias=False),
-                                dict(heads=8, out_channels=10, root_weight=False),
-                                dict(heads=8, out_channels=19, root_weight=False)],
-                         ids=["8x10", "8x19", "4x64", "1x16", "nobias", "noroot8x10",
-                              "noroot8x19"])
+@layer_op_modes
+@layer_op_dtypes
+@pytest.mark.parametrize("kw", LAYER_OP_KW + [
+    pytest.param(dict(heads=8, out_channels=10, root_weight=False), id="noroot8x10"),
+    pytest.param(dict(heads=8, out_channels=19, root_weight=False), id="noroot8x19")])
 @pytest.mark.parametrize("gpu_bound", [False, True], ids=["small", "gpubound"])
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -175,16 +172,10 @@ def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, gpu_bound, mo
     gradients), in eval mode and with attention dropout.  Without autograd the
     one op folds the skip into the GEMM as the path of several ops does only on
     GPU-bound calls: its output within 2 roundings of the dtype of the other's."""
-    from pyg_dfgnn.data import pattern_like_batch
     from pyg_dfgnn.nn import _padded, transformer_conv
     if gpu_bound:
         monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
-    torch.manual_seed(0)
-    ei = pattern_like_batch(4, seed=0).edge_index.cuda()
-    n = int(ei.max()) + 1
-    conv = TransformerConv(F_IN, dropout=0.3, **kw).to("cuda", dtype).train(train)
-    x = torch.randn(n, F_IN, device="cuda", dtype=dtype, requires_grad=True)
-    grad = torch.randn(n, kw["heads"] * kw["out_channels"], device="cuda", dtype=dtype)
+    conv, x, ei, grad = layer_op_case(TransformerConv, kw, dtype, train)
     assert_layer_op_equals_several_ops(transformer_conv, conv, x, ei, grad,
                                        "TransformerLayerFn", monkeypatch)
     with torch.no_grad():
@@ -213,40 +204,16 @@ def test_layer_op_against_float64(kw):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_layer_op_only_where_it_applies():
     """The path of several ops runs where the one-op path does not apply: beta,
-    averaged heads, edge features, a pair of inputs, autocast,
-    a hook on a projection (called), attention weights; without autograd
-    (inference mode) the op's forward gives eval mode's output."""
+    averaged heads, edge features, a pair of inputs, and the cases every layer
+    shares (check_layer_op_guards)."""
     torch.manual_seed(0)
     ei = random_edge_index(N, N, E, device="cuda")
     x = feats(N, F_IN, "cuda", torch.float32).requires_grad_()
     node = "TransformerLayerFn"
     conv = TransformerConv(F_IN, 4, heads=2).cuda().eval()
-    assert node in layer_op_node(conv(x, ei))
-    with torch.inference_mode():
-        inf = conv(x.detach(), ei)
-    with torch.no_grad():
-        torch.testing.assert_close(inf, conv(x, ei), rtol=0, atol=0)
     for kw in (dict(beta=True), dict(concat=False), dict(edge_dim=3)):
         other = TransformerConv(F_IN, 4, heads=2, **kw).cuda()
         args = (torch.randn(E, 3, device="cuda"),) if "edge_dim" in kw else ()
         assert node not in layer_op_node(other(x, ei, *args)), kw
     assert node not in layer_op_node(conv((x, x), ei))
-    out, _ = conv(x, ei, return_attention_weights=True)
-    assert node not in layer_op_node(out)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        assert node not in layer_op_node(conv(x, ei))
-    seen = []
-    h = conv.lin_key.register_forward_hook(lambda *a: seen.append(1))
-    assert node not in layer_op_node(conv(x, ei)) and seen
-    h.remove()
-    assert node in layer_op_node(conv(x, ei))
-    with pytest.raises(RuntimeError):   # PyG's error for a wrong feature width
-        conv(torch.randn(N, F_IN + 1, device="cuda"), ei)
-    # a graph met first in inference mode (its cached CSR and schedule are
-    # inference tensors, which autograd cannot save), then with autograd
-    ei2 = random_edge_index(N, N, E, seed=5, device="cuda")
-    with torch.inference_mode():
-        conv(x.detach(), ei2)
-    out = conv(x, ei2)
-    assert "TransformerLayerFn" in layer_op_node(out)
-    out.sum().backward()
+    check_layer_op_guards(conv, x, ei, node, conv.lin_key)
