@@ -1013,6 +1013,72 @@ at::Tensor gatv2_layer_autograd(DFGNN_GATV2_LAYER_PARAMS) {
                                         gemv_proj, gemv_bias)[0]);
 }
 
+// --------------------------------------------------------------- AGNN layer
+// AGNNConv (dfgnn_C::agnn_layer; one head, keys = values = x): the prologue
+// kernel (q = beta c_i x_i, c = 1 / max(|x|, eps), |x|), the dot attention with
+// the key scale c, gathering one row of x per edge; backward: the folded
+// attention backward (one gradient for keys and values, the row pass's fp32
+// score sum) and the prologue's backward kernel; beta's gradient is the score
+// sum over beta, or the prologue's sum where beta is 0 -- what ops.agnn_attention's
+// two autograd Functions (_AGNNPrologue, EagerAttention) compute.
+
+// saved variables: x, beta, c, |x|, q, the attention output, lse
+struct AgnnLayerFn : public torch::autograd::Function<AgnnLayerFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& beta,
+                               const LayerGraph* g, double eps) {
+    at::Tensor q, c, n, out, lse, alpha;
+    std::tie(q, c, n) = agnn_prologue(x, beta, x.size(0), eps);
+    const at::Tensor x3 = x.unsqueeze(1);
+    std::tie(out, lse, alpha) = layer_attention_fwd(2, *g, q, x3, x3, c);
+    ctx->save_for_backward({x, beta, c, n, q, out, lse});
+    save_graph(ctx, *g);
+    ctx->saved_data["eps"] = eps;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list r(4);
+    if (!grads[0].defined()) return r;
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &beta = s[1], &c = s[2], &n = s[3], &q = s[4];
+    const LayerGraph g = load_graph(ctx);
+    const at::Tensor x3 = x.unsqueeze(1);
+    std::vector<at::Tensor> gs = attention_bwd_impl(
+        2, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, q, x3, x3, c10::nullopt, c,
+        g.scale, g.slope, g.p, g.seed, s[5], s[6], grads[0].contiguous(), g.sched, g.work,
+        g.merge, g.t_work, g.t_merge, /*fold=*/true, false);
+    // gs: d q [N, 1, F], d keys-and-values [N, 1, F], (value), (edge), d c, score sum
+    at::Tensor dx, cs;
+    std::tie(dx, cs) = agnn_prologue_bwd(x, gs[0].reshape({x.size(0), x.size(1)}), gs[4],
+                                         gs[1].reshape({x.size(0), x.size(1)}), c, n, beta,
+                                         ctx->saved_data["eps"].toDouble());
+    if (ctx->needs_input_grad(0)) r[0] = dx;
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor from_dq = cs.sum();
+      const at::Tensor d = gs.size() > 5 ? at::where(beta != 0, gs[5] / beta, from_dq) : from_dq;
+      r[1] = d.to(beta.scalar_type()).view(beta.sizes());
+    }
+    return r;
+  }
+};
+
+#define DFGNN_AGNN_LAYER_PARAMS \
+  const at::Tensor &x, const at::Tensor &beta, DFGNN_LAYER_GRAPH_PARAMS, double eps
+
+// out [N, F]
+at::Tensor agnn_layer_autograd(DFGNN_AGNN_LAYER_PARAMS) {
+  const double p = 0.0;
+  const int64_t seed = 0;
+  const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, 0.2);
+  if (!requires_grad({&x, &beta}, {})) {
+    at::Tensor q, c, n;
+    std::tie(q, c, n) = agnn_prologue(x, beta, x.size(0), eps);
+    const at::Tensor x3 = x.unsqueeze(1);
+    return std::get<0>(layer_attention_fwd(2, g, q, x3, x3, c)).squeeze(1);
+  }
+  return AgnnLayerFn::apply(x, beta, &g, eps)[0].squeeze(1);
+}
+
 }  // namespace
 }  // namespace dfgnn
 
@@ -1044,6 +1110,9 @@ TORCH_LIBRARY(dfgnn_C, m) {
         "Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, Tensor? merge, "
         "Tensor? t_work, Tensor? t_merge, float negative_slope, float dropout_p, int seed, "
         "int heads, int chans, int width, bool gemv_proj, bool gemv_bias) -> Tensor");
+  m.def("agnn_layer(Tensor x, Tensor beta, Tensor rowptr, Tensor col, Tensor? perm, "
+        "Tensor t_rowptr, Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, "
+        "Tensor? merge, Tensor? t_work, Tensor? t_merge, float eps) -> Tensor");
   m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
   m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
 }
@@ -1062,10 +1131,12 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("gat_layer", &dfgnn::gat_layer_cuda);
   m.impl("transformer_layer", &dfgnn::transformer_layer_nograd_call);
   m.impl("gatv2_layer", &dfgnn::gatv2_layer_nograd);
+  m.impl("agnn_layer", &dfgnn::agnn_layer_autograd);
 }
 
 TORCH_LIBRARY_IMPL(dfgnn_C, Autograd, m) {
   m.impl("gat_layer", &dfgnn::gat_layer_autograd);
   m.impl("transformer_layer", &dfgnn::transformer_layer_autograd);
   m.impl("gatv2_layer", &dfgnn::gatv2_layer_autograd);
+  m.impl("agnn_layer", &dfgnn::agnn_layer_autograd);
 }

@@ -178,6 +178,19 @@ for mod, cls in ((gat_conv, GATConv), (gatv2_conv, GATv2Conv),
         xg = torch.randn(60, 16, device="cuda", requires_grad=True)
         conv(xg, ei).sum().backward()
     mod.LAYER_OP[0] = True
+# AGNN's one-op path (dfgnn_C::agnn_layer): every dtype, narrow / wide / odd
+# widths, learned and fixed beta, a zero row, inference mode
+from pyg_dfgnn.nn import AGNNConv  # noqa: E402
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for feat in (7, 80, 152, 300):
+        for learn in (True, False):
+            conv = AGNNConv(requires_grad=learn).to("cuda", dtype)
+            xa = torch.randn(60, feat, device="cuda", dtype=dtype)
+            xa[3] = 0
+            xa.requires_grad_(True)
+            conv(xa, ei).backward(torch.randn(60, feat, device="cuda", dtype=dtype))
+            with torch.inference_mode():
+                conv(xa.detach(), ei)
 _padded.GPU_BOUND_ELEMENTS = 1 << 22
 torch.cuda.synchronize()
 print("sanitizer smoke: done")

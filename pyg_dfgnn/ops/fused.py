@@ -676,6 +676,21 @@ def gatv2_layer_on(graph, plan, x: Tensor, lin_l, lin_r, att: Tensor, bias: Opti
                               gemv_bias)
 
 
+def agnn_layer_on(graph, plan, x: Tensor, beta: Tensor, eps: float) -> Tensor:
+    """An AGNN layer's call on one node set, ``[N, F]``, as one op and one
+    autograd node (``dfgnn_C::agnn_layer``, eager CUDA calls): the prologue
+    kernel, the dot attention with keys = values = ``x`` and the key scale,
+    and their backward kernels, beta's gradient from the row pass's score sum
+    (:func:`pyg_dfgnn.ops.agnn_attention`'s two autograd Functions in one C++
+    node).  The caller validated everything: a contiguous ``x [N, F]`` and a
+    one-element ``beta`` of its dtype and device, the graph's N source and
+    destination nodes, the schedule ``plan`` for ``(DOT, F, 1, x.dtype)``
+    (:class:`pyg_dfgnn.nn.AGNNConv`)."""
+    g = graph
+    return _ext().agnn_layer(x, beta, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm,
+                             plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge, eps)
+
+
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
     """``attention_fwd(*args)`` (the op's 22 arguments) with autograd, by the
     cheapest correct route (:func:`attention_on`)."""

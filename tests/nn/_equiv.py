@@ -446,11 +446,12 @@ def assert_layer_op_equals_several_ops(module, conv, x: Tensor, ei: Tensor, grad
 
 
 def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],
-                                   node: str, graphs: int = 4) -> None:
+                                   node: str, graphs: int = 4, params: bool = True) -> None:
     """A layer's one-op path (``node``) in fp32 on a PATTERN-like batch against
     PyG's layer in float64 with the same weights, by the FlashAttention rule:
-    output and every gradient within 2x the error of PyG's own layer in fp32
-    (+ 4 fp32 roundings of the result's scale)."""
+    output and every gradient (the parameters' unless ``params`` is false)
+    within 2x the error of PyG's own layer in fp32 (+ 4 fp32 roundings of the
+    result's scale)."""
     from pyg_dfgnn.data import pattern_like_batch
     torch.manual_seed(0)
     ei = pattern_like_batch(graphs, seed=1).edge_index.cuda()
@@ -461,7 +462,7 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
     state = {k: v.float() for k, v in ref.state_dict().items()}
     low.load_state_dict(state)
     ours.load_state_dict(state)
-    x = torch.randn(n, kwargs["in_channels"], device="cuda", dtype=torch.float64,
+    x = torch.randn(n, kwargs.get("in_channels", 32), device="cuda", dtype=torch.float64,
                     requires_grad=True)
     xl, xo = (x.detach().float().requires_grad_() for _ in range(2))
     outs = [m(v, ei) for m, v in ((ref, x), (low, xl), (ours, xo))]
@@ -471,7 +472,7 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
         o.backward(g.to(o.dtype))
     named = [dict(m.named_parameters()) for m in (ref, low, ours)]
     tensors = [("out", *outs), ("x", x.grad, xl.grad, xo.grad)] + [
-        (k, p.grad, named[1][k].grad, named[2][k].grad) for k, p in named[0].items()]
+        (k, p.grad, named[1][k].grad, named[2][k].grad) for k, p in named[0].items() if params]
     u = torch.finfo(torch.float32).eps
     for k, want, base, got in tensors:
         err = float((got.double() - want).abs().max())

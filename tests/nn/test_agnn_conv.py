@@ -5,7 +5,9 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import AGNNConv
 
-from ._equiv import DEVICES, FORMATS, check_equivalence, feats, make_adj, random_edge_index
+from ._equiv import (DEVICES, FORMATS, HAS_CUDA, assert_layer_op_equals_several_ops,
+                     check_equivalence, check_layer_op_against_float64, feats, layer_op_dtypes,
+                     layer_op_node, make_adj, random_edge_index)
 
 N, F_IN, E = 12, 8, 40
 
@@ -62,8 +64,11 @@ def test_state_dict_round_trip():
 def test_prologue_node_on_cuda_calls(device, requires_grad, monkeypatch):
     """CUDA calls with autograd run AGNN's prologue (norms, key scale,
     queries) as one autograd node (ops._AGNNPrologue), small graphs included;
-    a row whose norm is below ``eps`` (the clamp's branch) is included."""
+    a row whose norm is below ``eps`` (the clamp's branch) is included.  (The
+    path of several ops; the one-op path: test_layer_op_* below.)"""
     from pyg_dfgnn import ops
+    from pyg_dfgnn.nn import agnn_conv
+    monkeypatch.setattr(agnn_conv, "LAYER_OP", [False])
     used = []
     real = ops._AGNNPrologue.apply
     monkeypatch.setattr(ops._AGNNPrologue, "apply",
@@ -83,3 +88,72 @@ def test_prologue_node_on_cuda_calls(device, requires_grad, monkeypatch):
     check_equivalence(make(pyg_nn.AGNNConv), make(AGNNConv), dict(requires_grad=requires_grad),
                       (x, ei), device=device)
     assert bool(used) == (device == "cuda")
+
+
+# ---------------------------------------------------------------------------- layer op
+@layer_op_dtypes
+@pytest.mark.parametrize("kw", [dict(requires_grad=True), dict(requires_grad=False),
+                                dict(requires_grad=True, add_self_loops=False)],
+                         ids=["learned", "fixed", "noloops"])
+@pytest.mark.parametrize("width", [7, 80, 256])
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_layer_op_equals_the_path_of_several_ops(kw, width, dtype, monkeypatch, deterministic):
+    """An eager CUDA call runs as one op and one autograd node
+    (``dfgnn_C::agnn_layer``: the prologue and the attention, forward and
+    backward, beta's gradient from the row pass's score sum).  Its output and
+    the gradients of x and beta are those of ``ops.agnn_attention``'s two
+    autograd Functions, bit for bit; a row below ``eps`` included."""
+    from pyg_dfgnn.data import pattern_like_batch
+    from pyg_dfgnn.nn import agnn_conv
+    torch.manual_seed(0)
+    ei = pattern_like_batch(4, seed=0).edge_index.cuda()
+    n = int(ei.max()) + 1
+    conv = AGNNConv(**kw).to("cuda", dtype)
+    if kw["requires_grad"]:
+        conv.beta.data.fill_(1.7)
+    x = torch.randn(n, width, device="cuda", dtype=dtype)
+    x[5] = 0.0
+    x.requires_grad_()
+    grad = torch.randn(n, width, device="cuda", dtype=dtype)
+    assert_layer_op_equals_several_ops(agnn_conv, conv, x, ei, grad, "AgnnLayerFn", monkeypatch)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_layer_op_against_float64():
+    """The one-op path in fp32 against PyG's layer in float64, within 2x PyG's
+    own fp32 error: output and x's gradient.  (beta's gradient, a sum whose
+    terms may cancel, equals the path of several ops' bit for bit (above),
+    which tests/ops holds against float64 in that regime.)"""
+    check_layer_op_against_float64(pyg_nn.AGNNConv, AGNNConv, dict(requires_grad=True),
+                                   "AgnnLayerFn", params=False)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_layer_op_only_where_it_applies():
+    """The one-op path runs on a plain call and in inference mode (the op's
+    forward alone, equal to no-grad's output); the path of several ops under
+    autocast, for a non-contiguous x, and on a graph met first in inference
+    mode the op then trains."""
+    torch.manual_seed(0)
+    ei = random_edge_index(N, N, E, device="cuda")
+    x = feats(N, F_IN, "cuda", torch.float32).requires_grad_()
+    node = "AgnnLayerFn"
+    conv = AGNNConv(requires_grad=True).cuda()
+    assert node in layer_op_node(conv(x, ei))
+    with torch.inference_mode():
+        inf = conv(x.detach(), ei)
+    with torch.no_grad():
+        torch.testing.assert_close(inf, conv(x, ei), rtol=0, atol=0)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert node not in layer_op_node(conv(x, ei))
+    xt = torch.randn(F_IN, N, device="cuda").t().requires_grad_()
+    assert node not in layer_op_node(conv(xt, ei))
+    ei2 = random_edge_index(N, N, E, seed=5, device="cuda")
+    with torch.inference_mode():
+        conv(x.detach(), ei2)
+    out = conv(x, ei2)
+    assert node in layer_op_node(out)
+    out.sum().backward()
