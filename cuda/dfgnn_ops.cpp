@@ -516,13 +516,14 @@ int64_t set_backward_mode(int64_t mode) {
 int64_t get_backward_mode() { return forced_backward_mode().load(); }
 
 // ------------------------------------------------------------------ layer ops
-// A whole layer call of GAT, GATv2 or the Transformer on one node set as one op
-// and one autograd node (dfgnn_C::gat_layer / gatv2_layer / transformer_layer;
-// the layers' _layer_op in pyg_dfgnn/nn take them on eager CUDA calls): the
-// projections, the fused attention and the epilogue forward, and in backward
-// the fused backward and the projections' GEMMs -- one call from Python each
-// way instead of about twenty ATen ops, Python autograd Functions and the
-// linear layers' nodes (host time: docs/KERNELS.md, session 30).  Each backward
+// A whole layer call of GAT, GATv2, the Transformer or AGNN on one node set as
+// one op and one autograd node (dfgnn_C::gat_layer / gatv2_layer /
+// transformer_layer / agnn_layer; the layers' _layer_op in pyg_dfgnn/nn take
+// them on eager CUDA calls): the projections, the fused attention and the
+// epilogue forward, and in backward the fused backward and the projections'
+// GEMMs -- one call from Python each way instead of about twenty ATen ops,
+// Python autograd Functions and the linear layers' nodes (host time:
+// docs/KERNELS.md, session 30).  Each backward
 // uses the formulas of the layer's path of several ops (autograd's mm / addmm,
 // nn/_glue.py), so the two agree bit for bit under
 // torch.use_deterministic_algorithms.  Inputs were validated in Python (the

@@ -159,7 +159,7 @@ class FusedAttentionMixin:
             out = add_bias(out, self.bias)   # GEMV bias gradient (nn/_glue.py)
         return out
 
-    # -- the one-op layer paths (GAT, GATv2, Transformer: ``_layer_op``) --------
+    # -- the one-op layer paths (the layers' ``_layer_op``) ----------------------
 
     @staticmethod
     def _layer_op_applies(flag, x: Tensor, edge_index: Any) -> bool:

@@ -46,8 +46,9 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
     project to for the CUDA kernels on a GPU-bound call: the width the kernels
     take as it is in fp32 and for GAT (:func:`pyg_dfgnn.schedule.op_width`),
     else the padded width for ``x``'s dtype.  On a smaller CUDA call, with
-    ``pad_small``, the width the op would pad to anyway (:func:`pyg_dfgnn.schedule.op_width`: ``chans`` where
-    the kernels take it as it is, e.g. 8 x 10 fp32), so that the projection
+    ``pad_small``, the width the op would pad to anyway
+    (:func:`pyg_dfgnn.schedule.op_width`: ``chans`` where the kernels take it
+    as it is, e.g. 8 x 10 fp32), so that the projection
     writes it and the op copies nothing -- the Transformer's choice, whose
     q / k / v then come from one GEMM (GPU time of a forward+backward on PATTERN
     batches 0.81-0.86x, wall time 0.87-1.0x; GAT's and GATv2's own padded

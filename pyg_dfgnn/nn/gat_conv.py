@@ -9,8 +9,7 @@ from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from ..graph import CSRGraph
-from ..ops import GAT, gat_attention, gat_node_attention
-from ..ops import _check_float, _seed
+from ..ops import GAT, _check_float, _seed, gat_attention, gat_node_attention
 from ..ops.fused import gat_layer_on
 from ..schedule import plan_for
 from ._padded import gpu_bound, kernel_width, paddable, padded_linear, unpad
@@ -118,10 +117,10 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         hooks), no residual, concatenated heads (or one), a bias the kernel's
         epilogue adds (:func:`_epilogue_bias`) or none, heads the kernels take
         unpadded, and an ``edge_index`` tensor (edge features, ``size`` and
-        attention weights take the usual path).  It computes what that path computes (the same
-        kernels, the projection's GEMMs as autograd's formulas; the dropout
-        seed drawn alike) with a few host calls instead of about twenty
-        (host time per call: docs/KERNELS.md, session 30)."""
+        attention weights take the usual path).  It computes what that path
+        computes (the same kernels, the projection's GEMMs as autograd's
+        formulas; the dropout seed drawn alike) with a few host calls instead
+        of about twenty (host time per call: docs/KERNELS.md, session 30)."""
         if not self._layer_op_applies(LAYER_OP, x, edge_index):
             return None
         H, C = self.heads, self.out_channels

@@ -21,7 +21,6 @@ from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
 LAYER_OP = [True]
 
 
-
 class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
     r"""The GATv2 operator from the `"How Attentive are Graph Attention
     Networks?" <https://arxiv.org/abs/2105.14491>`_ paper, with PyG's exact

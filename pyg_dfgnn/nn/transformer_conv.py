@@ -24,7 +24,6 @@ from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 LAYER_OP = [True]
 
 
-
 #: devices whose eager GPU-bound calls (:func:`._padded.gpu_bound`) project q, k
 #: and v with one GEMM (:func:`._glue.fused_projections`): CUDA, where the
 #: dot-attention kernels read the GEMM's column blocks row-strided (k_j and v_j
@@ -97,10 +96,9 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         It applies to the common eager CUDA call on one node set: ``x [N,
         in]`` in fp32 / bf16 / fp16 with every parameter in its dtype and on
         its device, no autocast, concatenated heads, no ``beta`` (the root
-        weight or none), no edge features (``edge_dim`` unset), plain linear maps
-        (no hooks) with biases on all of q / k / v or none, and an
-        ``edge_index`` tensor.
-        It computes what the path of several ops computes on such a call (the
+        weight or none), no edge features (``edge_dim`` unset), plain linear
+        maps (no hooks) with biases on all of q / k / v or none, and an
+        ``edge_index`` tensor.  It computes what the path of several ops computes on such a call (the
         same kernels and GEMMs; q / k / v in the width :func:`kernel_width`
         gives, the skip as the GEMM's 4th block without autograd) with a few
         host calls instead of about thirty (host time: docs/KERNELS.md,

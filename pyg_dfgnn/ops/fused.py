@@ -609,6 +609,15 @@ def gat_node_attention_on(graph, plan, x: Tensor, att_src: Tensor, att_dst: Tens
     return EagerGATNodeAttention.apply(meta, x, att_src, att_dst, edge, bias)
 
 
+def _layer_graph_args(graph, plan) -> tuple:
+    """The graph and schedule arguments the layer ops (``dfgnn_C::*_layer``)
+    take after their tensors: ``rowptr, col, perm, t_rowptr, t_col, t_perm,
+    sched, work, merge, t_work, t_merge``."""
+    g = graph
+    return (g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, plan.sched, plan.work,
+            plan.merge, plan.t_work, plan.t_merge)
+
+
 def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor,
                  bias: Optional[Tensor], negative_slope: float, dropout_p: float,
                  seed: Optional[Tensor]) -> Tensor:
@@ -622,11 +631,8 @@ def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_ds
     dtype and device for all tensors, ``x [N, in]`` with ``N`` the graph's
     source and destination nodes, the schedule ``plan`` for ``(GAT, C, H,
     x.dtype)`` (:class:`pyg_dfgnn.nn.GATConv`)."""
-    g = graph
-    return _ext().gat_layer(x, weight, att_src, att_dst, bias, g.rowptr, g.col, g.perm,
-                            g.t_rowptr, g.t_col, g.t_perm, plan.sched, plan.work, plan.merge,
-                            plan.t_work, plan.t_merge, negative_slope, dropout_p,
-                            _seed_int(seed))
+    return _ext().gat_layer(x, weight, att_src, att_dst, bias, *_layer_graph_args(graph, plan),
+                            negative_slope, dropout_p, _seed_int(seed))
 
 
 def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, width: int,
@@ -641,15 +647,13 @@ def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, w
     ``(weight, bias)`` ``(None, None)``); the backward's bias
     gradients are column sums, GEMVs where ``gemv``.  ``lins`` are the
     query, key, value and skip maps' ``(weight, bias)`` pairs (biases ``None``
-    on q / k / v alike, on the skip alone).  The caller validated everything: one dtype and device,
-    ``[heads * chans, in]`` weights, ``x [N, in]`` with ``N`` the graph's
+    on q / k / v alike, on the skip alone).  The caller validated everything:
+    one dtype and device, ``[heads * chans, in]`` weights, ``x [N, in]`` with ``N`` the graph's
     source and destination nodes, the schedule ``plan`` for ``(DOT, width,
     heads, x.dtype)`` (:class:`pyg_dfgnn.nn.TransformerConv`)."""
-    g = graph
     (wq, bq), (wk, bk), (wv, bv), (ws, bs) = lins
-    return _ext().transformer_layer(x, wq, bq, wk, bk, wv, bv, ws, bs, g.rowptr, g.col, g.perm,
-                                    g.t_rowptr, g.t_col, g.t_perm, plan.sched, plan.work,
-                                    plan.merge, plan.t_work, plan.t_merge, scale, dropout_p,
+    return _ext().transformer_layer(x, wq, bq, wk, bk, wv, bv, ws, bs,
+                                    *_layer_graph_args(graph, plan), scale, dropout_p,
                                     _seed_int(seed), heads, chans, width, gemv)
 
 
@@ -667,13 +671,10 @@ def gatv2_layer_on(graph, plan, x: Tensor, lin_l, lin_r, att: Tensor, bias: Opti
     where ``gemv_proj`` / ``gemv_bias``.  The caller validated everything
     (:class:`pyg_dfgnn.nn.GATv2Conv`); ``plan`` is the schedule for ``(GATV2,
     width, heads, x.dtype)``."""
-    g = graph
     wr, br = lin_r if lin_r is not None else (None, None)
-    return _ext().gatv2_layer(x, lin_l[0], lin_l[1], wr, br, att, bias, g.rowptr, g.col,
-                              g.perm, g.t_rowptr, g.t_col, g.t_perm, plan.sched, plan.work,
-                              plan.merge, plan.t_work, plan.t_merge, negative_slope,
-                              dropout_p, _seed_int(seed), heads, chans, width, gemv_proj,
-                              gemv_bias)
+    return _ext().gatv2_layer(x, lin_l[0], lin_l[1], wr, br, att, bias,
+                              *_layer_graph_args(graph, plan), negative_slope, dropout_p,
+                              _seed_int(seed), heads, chans, width, gemv_proj, gemv_bias)
 
 
 def agnn_layer_on(graph, plan, x: Tensor, beta: Tensor, eps: float) -> Tensor:
@@ -686,9 +687,7 @@ def agnn_layer_on(graph, plan, x: Tensor, beta: Tensor, eps: float) -> Tensor:
     one-element ``beta`` of its dtype and device, the graph's N source and
     destination nodes, the schedule ``plan`` for ``(DOT, F, 1, x.dtype)``
     (:class:`pyg_dfgnn.nn.AGNNConv`)."""
-    g = graph
-    return _ext().agnn_layer(x, beta, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm,
-                             plan.sched, plan.work, plan.merge, plan.t_work, plan.t_merge, eps)
+    return _ext().agnn_layer(x, beta, *_layer_graph_args(graph, plan), eps)
 
 
 def attention(*args) -> Tuple[Tensor, Tensor, Tensor]:
