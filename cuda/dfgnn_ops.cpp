@@ -1055,8 +1055,11 @@ struct AgnnLayerFn : public torch::autograd::Function<AgnnLayerFn> {
                                          ctx->saved_data["eps"].toDouble());
     if (ctx->needs_input_grad(0)) r[0] = dx;
     if (ctx->needs_input_grad(1)) {
-      const at::Tensor from_dq = cs.sum();
-      const at::Tensor d = gs.size() > 5 ? at::where(beta != 0, gs[5] / beta, from_dq) : from_dq;
+      // (in fp32, two 0-d tensors, as _AGNNPrologue._dbeta divides: a [1] beta
+      // would make the quotient beta's dtype by type promotion)
+      const at::Tensor from_dq = cs.sum(), b0 = beta.reshape({});
+      const at::Tensor d =
+          gs.size() > 5 ? at::where(b0 != 0, gs[5] / b0.to(at::kFloat), from_dq) : from_dq;
       r[1] = d.to(beta.scalar_type()).view(beta.sizes());
     }
     return r;

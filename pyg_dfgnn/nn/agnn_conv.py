@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 from torch_geometric.nn.conv.agnn_conv import AGNNConv as _PyGAGNNConv
 from torch_geometric.typing import Adj
@@ -40,18 +39,15 @@ class AGNNConv(FusedAttentionMixin, _PyGAGNNConv):
         """The call's output from one op and one autograd node
         (:func:`pyg_dfgnn.ops.fused.agnn_layer_on`: the prologue and the
         attention forward and backward in C++), or ``None`` where that path
-        does not apply: an eager CUDA call of a contiguous fp32 ``x [N, F]``
-        with ``beta`` in its dtype and on its device, no autocast, on an
-        ``edge_index`` tensor.  It computes what
+        does not apply: an eager CUDA call of a contiguous ``x [N, F]`` in
+        fp32 / bf16 / fp16 with ``beta`` in its dtype and on its device, no
+        autocast, on an ``edge_index`` tensor.  It computes what
         :func:`pyg_dfgnn.ops.agnn_attention` computes (the same kernels; beta's
-        gradient alike, bit for bit) with a few host calls instead of two
-        Python autograd Functions and their ops (docs/KERNELS.md, session 30).
-        fp16 / bf16 calls keep the path of several ops: there the op divided
-        the score sum by beta in beta's dtype, where that path divides in fp32
-        (session 30; the fix is not yet verified on a GPU)."""
+        gradient alike, bit for bit: the score sum divided by beta in fp32)
+        with a few host calls instead of two Python autograd Functions and
+        their ops (docs/KERNELS.md, sessions 30 and 31)."""
         beta = self.beta
         if not (self._layer_op_applies(LAYER_OP, x, edge_index) and x.is_contiguous()
-                and x.dtype == torch.float32
                 and isinstance(beta, Tensor) and beta.numel() == 1
                 and beta.dtype == x.dtype and beta.device == x.device):
             return None

@@ -437,12 +437,12 @@ def assert_layer_op_equals_several_ops(module, conv, x: Tensor, ei: Tensor, grad
     out1, g1, node1 = run_layer(module, conv, x, ei, grad, True, monkeypatch)
     out0, g0, node0 = run_layer(module, conv, x, ei, grad, False, monkeypatch)
     assert node in node1 and node not in node0, (node1, node0)
-    torch.testing.assert_close(out1, out0, rtol=0, atol=0)
+    torch.testing.assert_close(out1, out0, rtol=0, atol=0, equal_nan=True)
     assert g0.keys() == g1.keys()
     for k in g0:
         assert (g0[k] is None) == (g1[k] is None), k
         if g0[k] is not None:
-            torch.testing.assert_close(g1[k], g0[k], rtol=0, atol=0, msg=k)
+            torch.testing.assert_close(g1[k], g0[k], rtol=0, atol=0, equal_nan=True, msg=k)
 
 
 def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],

@@ -6,8 +6,8 @@ import torch_geometric.nn as pyg_nn
 from pyg_dfgnn.nn import AGNNConv
 
 from ._equiv import (DEVICES, FORMATS, HAS_CUDA, assert_layer_op_equals_several_ops,
-                     check_equivalence, check_layer_op_against_float64, feats, layer_op_node,
-                     make_adj, random_edge_index)
+                     check_equivalence, check_layer_op_against_float64, feats, layer_op_dtypes,
+                     layer_op_node, make_adj, random_edge_index)
 
 N, F_IN, E = 12, 8, 40
 
@@ -91,19 +91,19 @@ def test_prologue_node_on_cuda_calls(device, requires_grad, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- layer op
+@layer_op_dtypes
 @pytest.mark.parametrize("kw", [dict(requires_grad=True), dict(requires_grad=False),
                                 dict(requires_grad=True, add_self_loops=False)],
                          ids=["learned", "fixed", "noloops"])
 @pytest.mark.parametrize("width", [7, 80, 256])
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_layer_op_equals_the_path_of_several_ops(kw, width, monkeypatch, deterministic):
-    """An eager fp32 CUDA call runs as one op and one autograd node
+def test_layer_op_equals_the_path_of_several_ops(kw, width, dtype, monkeypatch, deterministic):
+    """An eager CUDA call runs as one op and one autograd node
     (``dfgnn_C::agnn_layer``: the prologue and the attention, forward and
     backward, beta's gradient from the row pass's score sum).  Its output and
     the gradients of x and beta are those of ``ops.agnn_attention``'s two
     autograd Functions, bit for bit; a row below ``eps`` included."""
-    dtype = torch.float32
     from pyg_dfgnn.data import pattern_like_batch
     from pyg_dfgnn.nn import agnn_conv
     torch.manual_seed(0)
@@ -133,10 +133,10 @@ def test_layer_op_against_float64():
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_layer_op_only_where_it_applies():
-    """The one-op path runs on a plain fp32 call and in inference mode (the
-    op's forward alone, equal to no-grad's output); the path of several ops
-    under autocast, for a non-contiguous x and in bf16; on a graph met first
-    in inference mode the op then trains."""
+    """The one-op path runs on a plain call in each kernel dtype and in
+    inference mode (the op's forward alone, equal to no-grad's output); the
+    path of several ops under autocast, for a non-contiguous x, and on a graph
+    met first in inference mode the op then trains."""
     torch.manual_seed(0)
     ei = random_edge_index(N, N, E, device="cuda")
     x = feats(N, F_IN, "cuda", torch.float32).requires_grad_()
@@ -151,9 +151,9 @@ def test_layer_op_only_where_it_applies():
         assert node not in layer_op_node(conv(x, ei))
     xt = torch.randn(F_IN, N, device="cuda").t().requires_grad_()
     assert node not in layer_op_node(conv(xt, ei))
-    # fp16 / bf16: the path of several ops (docs/KERNELS.md, session 30)
-    half = AGNNConv(requires_grad=True).cuda().to(torch.bfloat16)
-    assert node not in layer_op_node(half(x.detach().bfloat16().requires_grad_(), ei))
+    for dtype in (torch.bfloat16, torch.float16):   # half precision takes it too
+        half = AGNNConv(requires_grad=True).to("cuda", dtype)
+        assert node in layer_op_node(half(x.detach().to(dtype).requires_grad_(), ei))
     ei2 = random_edge_index(N, N, E, seed=5, device="cuda")
     with torch.inference_mode():
         conv(x.detach(), ei2)
