@@ -9,6 +9,10 @@ of the fused forward (cProfile, ``--top``)::
 
     PYTHONPATH=. python scripts/host_overhead.py [--graphs 26] [--calls 40] [--rounds 5] [--top 12]
 
+``--split`` splits a one-op layer forward (``dfgnn_C::*_layer``) into the
+op's host time (with and without its autograd node) and the layer's Python
+path.
+
 Every layer first runs the timed loop once untimed (``calls`` forwards kept
 alive, then their backwards), so the CUDA caching allocator holds the blocks
 the timed loop needs: without it the first layer measured paid the
@@ -161,6 +165,68 @@ def profile_ops(conv, x, ei, calls: int, top: int) -> str:
     return "\n".join(table(pf, "forward") + table(pb, "backward"))
 
 
+def split_forward(conv, x, ei, calls: int, rounds: int):
+    """Where a one-op layer forward's host time goes (``--split``): us per call
+    of the whole forward, of the extension op alone (the same arguments,
+    recorded from one call and replayed), of that op under
+    ``torch.inference_mode`` (its ``CUDA`` kernel alone: no autograd node),
+    and of the layer's Python path with the op replaced by a stub returning
+    the recorded output.  The least of ``rounds`` loops of ``calls`` calls,
+    the GPU queue kept busy.  ``None`` where the call does not take a layer
+    op."""
+    import pyg_dfgnn.ops.fused as fused
+    real = fused._ext
+    rec = {}
+
+    class Recorder:
+        def __getattr__(self, name):
+            fn = getattr(real(), name)
+
+            def call(*args):
+                out = fn(*args)
+                if name.endswith("_layer"):
+                    rec["call"] = (fn, args, out)
+                return out
+            return call
+
+    class Stub:
+        def __getattr__(self, name):
+            return lambda *args: rec["call"][2]
+
+    def best(fn):
+        res = math.inf
+        for _ in range(rounds):
+            torch.cuda.synchronize()
+            a = torch.empty(BURN_N, BURN_N, device=x.device)
+            for _ in range(8):
+                a = a @ a.T
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            res = min(res, (time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+        return res
+
+    fused._ext = lambda: Recorder()
+    try:
+        conv(x, ei)
+    finally:
+        fused._ext = real
+    if "call" not in rec:
+        return None
+    fn, args, _ = rec["call"]
+    whole = best(lambda: conv(x, ei))
+    op = best(lambda: fn(*args))
+    with torch.inference_mode():
+        op_inf = best(lambda: fn(*args))
+    fused._ext = lambda: Stub()
+    try:
+        glue = best(lambda: conv(x, ei))
+    finally:
+        fused._ext = real
+    return whole, op, op_inf, glue
+
+
 class _Stack(torch.nn.Module):
     """``depth`` copies of a layer applied one after the other (``--stack``):
     one forward and one backward call cover all of them, as in a model, so the
@@ -219,6 +285,12 @@ def main_gpu(a):
             print(profile_top(lambda: mine(x, ei), a.calls, a.top, torch.cuda.synchronize))
         if a.profile:
             print(profile_ops(mine, x, ei, a.calls, a.profile))
+        if a.split:
+            sp = split_forward(mine.convs[0] if a.stack > 1 else mine, x, ei, a.calls, a.rounds)
+            print(f"{name:6s} forward split: " + (
+                "no layer op" if sp is None else
+                "whole {:.1f} us = op {:.1f} us (its CUDA kernel alone, inference mode: {:.1f}) "
+                "+ Python {:.1f} us (the layer with the op stubbed)".format(*sp)), flush=True)
     floor = _Floor(a.width).to(dev, dt).train()
     d = max(a.stack, 1)
     if a.stack > 1:
@@ -390,6 +462,9 @@ def main(argv=None):
     ap.add_argument("--profile", type=int, default=0,
                     help="GPU: torch.profiler breakdown of the fused layer's host time "
                          "(this many rows per phase)")
+    ap.add_argument("--split", action="store_true",
+                    help="GPU: a one-op forward's host time split into the op, its "
+                         "CUDA kernel alone and the layer's Python path")
     ap.add_argument("--cpu-path", action="store_true",
                     help="CPU: keep the CPU-only code path (folded GAT logits, content "
                          "fingerprint on every cache hit)")
