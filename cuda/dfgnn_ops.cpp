@@ -4,9 +4,11 @@
 // autograd live there).  Inputs were validated in Python once per graph;
 // the checks here guard the kernel's assumptions.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -552,8 +554,22 @@ struct LayerGraph {
 #define DFGNN_LAYER_GRAPH(scale, slope)                                                     \
   LayerGraph {                                                                              \
     rowptr, col, perm, t_rowptr, t_col, t_perm, sched.vec(), work, merge, t_work, t_merge,   \
-        scale, slope, p, seed                                                              \
+        scale, slope, p, layer_seed(seed, p)                                               \
   }
+
+// A layer op's dropout seed: ``seed``, or, where it is negative and dropout
+// applies, one draw from torch's default CPU generator: the value
+// ``torch.randint(0, 2**62, (1,))`` draws (ops._seed, the path of several
+// ops; the same generator state after it), without that tensor and its
+// ``.item()`` in Python (host time: docs/KERNELS.md, session 31).
+int64_t layer_seed(int64_t seed, double p) {
+  if (seed >= 0) return seed;
+  if (p <= 0.0) return 0;
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  const uint64_t r = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  return (int64_t)(r % (uint64_t{1} << 62));   // (randint's uniform_int_from_to for a 2^62 range)
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_attention_fwd(
     int64_t kind, const LayerGraph& g, const at::Tensor& dst, const at::Tensor& src,
@@ -634,6 +650,33 @@ at::Tensor flat_heads(const at::Tensor& out) {
   return out.view({out.size(0), out.size(1) * out.size(2)});
 }
 
+// A Function's contiguous [N, H, C] output as the layer's [N, H * C]: a tensor
+// over the same storage that is not a view.  A Function's output must not be
+// a view of a tensor it made, and a view taken after apply() costs a
+// ViewBackward0 node per call (its forward and its evaluation in the backward:
+// docs/KERNELS.md, session 31).  Where the backward needs the [N, H, C] output
+// itself, the Function saves this tensor instead (the same storage, and the
+// version counter of the tensor the caller may modify in place) and views it
+// back (saved_heads).
+at::Tensor flat_alias(const at::Tensor& out) {
+  TORCH_INTERNAL_ASSERT(out.dim() == 3 && out.is_contiguous());
+  const int64_t n = out.size(0), w = out.size(1) * out.size(2);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(out.storage()),
+      c10::DispatchKeySet(c10::computeDispatchKey(out.scalar_type(), out.layout(), out.device())),
+      out.dtype());
+  const int64_t sizes[2] = {n, w}, strides[2] = {w, 1};
+  impl->set_sizes_and_strides(at::IntArrayRef(sizes), at::IntArrayRef(strides),
+                              std::optional<int64_t>(out.storage_offset()));
+  return at::Tensor(std::move(impl));
+}
+
+// a saved output as [N, H, C]: the Function's flat output viewed back, or the
+// [N, H, C] tensor it saved
+at::Tensor saved_heads(const at::Tensor& t, int64_t H, int64_t C) {
+  return t.dim() == 3 ? t : t.view({t.size(0), H, C});
+}
+
 // ------------------------------------------------------------------ GAT layer
 // GAT (dfgnn_C::gat_layer): h = x W^T [N, H, C], the node logits (gat_logits),
 // the fused attention with the bias in its epilogue; backward: the fused
@@ -655,17 +698,18 @@ GatLayerOut gat_layer_forward(const at::Tensor& x, const at::Tensor& w, const at
   return r;
 }
 
-// saved variables: x, w, att_src, att_dst, bias, h, a_src, a_dst, out, lse (an
-// absent bias: an undefined tensor)
+// saved variables: x, w, att_src, att_dst, bias, h, a_src, a_dst, the output
+// [N, H * C] (flat_alias), lse (an absent bias: an undefined tensor)
 struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                                const at::Tensor& att_src, const at::Tensor& att_dst,
                                const optional<at::Tensor>& bias, const LayerGraph* g) {
     GatLayerOut r = gat_layer_forward(x, w, att_src, att_dst, bias, *g);
-    ctx->save_for_backward({x, w, att_src, att_dst, opt(bias), r.h, r.a_src, r.a_dst, r.out,
+    const at::Tensor out = flat_alias(r.out);
+    ctx->save_for_backward({x, w, att_src, att_dst, opt(bias), r.h, r.a_src, r.a_dst, out,
                             r.lse});
     save_graph(ctx, *g);
-    return {r.out};
+    return {out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -674,9 +718,9 @@ struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &w = s[1], &att_src = s[2], &att_dst = s[3], &h = s[5];
     const InputGrads needs(ctx, {true, true, true, true, s[4].defined()});
-    std::vector<at::Tensor> gs = layer_attention_bwd(0, load_graph(ctx), s[7], s[6], h,
-                                                     opt_of(s[4]), s[8], s[9],
-                                                     grads[0].contiguous());
+    std::vector<at::Tensor> gs = layer_attention_bwd(
+        0, load_graph(ctx), s[7], s[6], h, opt_of(s[4]), s[8].view(h.sizes()), s[9],
+        grads[0].contiguous().view(h.sizes()));
     // gs: d a_dst, d a_src, d h, (d edge), d bias; the logits' share of d h added in place
     at::Tensor d_h = gs[2];
     at::Tensor d_as, d_ad;
@@ -701,7 +745,7 @@ struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
 // out [N, H * C]
 at::Tensor gat_layer_autograd(DFGNN_GAT_LAYER_PARAMS) {
   const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
-  return flat_heads(GatLayerFn::apply(x, w, att_src, att_dst, bias, &g)[0]);
+  return GatLayerFn::apply(x, w, att_src, att_dst, bias, &g)[0];
 }
 
 // (no autograd: inference mode)
@@ -751,8 +795,9 @@ at::Tensor transformer_layer_nograd(const at::Tensor& x, at::TensorList ws, at::
 
 // saved variables: x, the stacked padded q / k / v weight, the skip weight (or
 // an undefined tensor: no root weight), the projection output y [N, 3 H W],
-// the attention output [N, H, W], lse.  Its output: [N, H, C], the attention
-// output's first C columns (+ the skip).
+// the attention output [N, H, W] (or the output, where it is that tensor),
+// lse.  Its output: [N, H * C] (flat_alias), the attention output's first C
+// columns (+ the skip).
 struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wq,
                                const optional<at::Tensor>& bq, const at::Tensor& wk,
@@ -777,11 +822,12 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     } else if (W != C) {
       out = out.contiguous();
     }
-    ctx->save_for_backward({x, wp, opt(ws), y, attn, lse});
+    const at::Tensor flat = flat_alias(out);
+    ctx->save_for_backward({x, wp, opt(ws), y, out.is_same(attn) ? flat : attn, lse});
     save_graph(ctx, *g);
     ctx->saved_data["dims"] = std::vector<int64_t>{H, C, W, gemv, has_b, ws.has_value(),
                                                    bs.has_value()};
-    return {out};
+    return {flat};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -800,7 +846,8 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
     std::vector<at::Tensor> gs =
         layer_attention_bwd(2, load_graph(ctx), block(y, 0, H, W), block(y, 1, H, W),
-                            block(y, 2, H, W), {}, s[4], s[5], g3, /*blocks=*/true);
+                            block(y, 2, H, W), {}, saved_heads(s[4], H, W), s[5], g3,
+                            /*blocks=*/true);
     // d q / k / v: the column blocks of one buffer [N, 3 H W] (qkv_blocks), else joined
     const int64_t w = H * W;
     const at::Tensor &dq = gs[0], &dk = gs[1], &dv = gs[2];
@@ -869,8 +916,8 @@ at::Tensor transformer_layer_autograd(DFGNN_TRANSFORMER_LAYER_PARAMS) {
                                          t_rowptr, t_col, t_perm, sched, work, merge, t_work,
                                          t_merge, scale, p, seed, heads, chans, width, gemv);
   const LayerGraph g = DFGNN_LAYER_GRAPH(scale, 0.0);
-  return flat_heads(TransformerLayerFn::apply(x, wq, bq, wk, bk, wv, bv, ws, bs, &g, heads, chans,
-                                              width, gemv)[0]);
+  return TransformerLayerFn::apply(x, wq, bq, wk, bk, wv, bv, ws, bs, &g, heads, chans, width,
+                                   gemv)[0];
 }
 
 // -------------------------------------------------------------- GATv2 layer
@@ -925,9 +972,9 @@ at::Tensor gatv2_epilogue(const at::Tensor& out, const optional<at::Tensor>& bia
 }
 
 // saved variables: x, the padded weights (W_r: or undefined, shared), x_l, x_r
-// (undefined when shared), att padded, the attention output, lse.  Its output:
-// [N, H, C] (gatv2_epilogue; the op returns it viewed [N, H * C], as a
-// Function's output must not be a view)
+// (undefined when shared), att padded, the attention output (or the output,
+// where it is that tensor), lse.  Its output: [N, H * C] (gatv2_epilogue's
+// [N, H, C] as flat_alias)
 struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wl,
                                const optional<at::Tensor>& bl, const optional<at::Tensor>& wr,
@@ -935,13 +982,15 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
                                const optional<at::Tensor>& bias, const LayerGraph* g, int64_t H,
                                int64_t C, int64_t W, bool gemv_proj, bool gemv_bias) {
     Gatv2Fwd f = gatv2_forward(x, wl, bl, wr, br, att, *g, H, C, W);
+    const at::Tensor out = gatv2_epilogue(f.out, bias, C);
+    const at::Tensor flat = flat_alias(out);
     ctx->save_for_backward({x, f.wlp, f.wrp, f.xl, wr.has_value() ? f.xr : at::Tensor(),
-                            f.attp, f.out, f.lse});
+                            f.attp, out.is_same(f.out) ? flat : f.out, f.lse});
     save_graph(ctx, *g);
     ctx->saved_data["dims"] = std::vector<int64_t>{
         H, C, W, gemv_proj, gemv_bias, bl.has_value(), wr.has_value(), br.has_value(),
         bias.has_value(), att.dim()};
-    return {gatv2_epilogue(f.out, bias, C)};
+    return {flat};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -966,7 +1015,8 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
     at::Tensor g3 = g2.view({N, H, C});
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
     std::vector<at::Tensor> gs =
-        layer_attention_bwd(1, load_graph(ctx), xr, xl, {}, s[5], s[6], s[7], g3);
+        layer_attention_bwd(1, load_graph(ctx), xr, xl, {}, s[5], saved_heads(s[6], H, W), s[7],
+                            g3);
     // gs: d x_r, d x_l, (value), (edge), d att [H, W]
     if (needs(5)) {
       const at::Tensor da = W == C ? gs[4] : gs[4].narrow(1, 0, C);
@@ -1010,8 +1060,8 @@ at::Tensor gatv2_layer_autograd(DFGNN_GATV2_LAYER_PARAMS) {
                               t_perm, sched, work, merge, t_work, t_merge, slope, p, seed, heads,
                               chans, width, gemv_proj, gemv_bias);
   const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
-  return flat_heads(Gatv2LayerFn::apply(x, wl, bl, wr, br, att, bias, &g, heads, chans, width,
-                                        gemv_proj, gemv_bias)[0]);
+  return Gatv2LayerFn::apply(x, wl, bl, wr, br, att, bias, &g, heads, chans, width, gemv_proj,
+                             gemv_bias)[0];
 }
 
 // --------------------------------------------------------------- AGNN layer
@@ -1023,7 +1073,7 @@ at::Tensor gatv2_layer_autograd(DFGNN_GATV2_LAYER_PARAMS) {
 // sum over beta, or the prologue's sum where beta is 0 -- what ops.agnn_attention's
 // two autograd Functions (_AGNNPrologue, EagerAttention) compute.
 
-// saved variables: x, beta, c, |x|, q, the attention output, lse
+// saved variables: x, beta, c, |x|, q, the output [N, F] (flat_alias), lse
 struct AgnnLayerFn : public torch::autograd::Function<AgnnLayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& beta,
                                const LayerGraph* g, double eps) {
@@ -1031,10 +1081,11 @@ struct AgnnLayerFn : public torch::autograd::Function<AgnnLayerFn> {
     std::tie(q, c, n) = agnn_prologue(x, beta, x.size(0), eps);
     const at::Tensor x3 = x.unsqueeze(1);
     std::tie(out, lse, alpha) = layer_attention_fwd(2, *g, q, x3, x3, c);
-    ctx->save_for_backward({x, beta, c, n, q, out, lse});
+    const at::Tensor flat = flat_alias(out);
+    ctx->save_for_backward({x, beta, c, n, q, flat, lse});
     save_graph(ctx, *g);
     ctx->saved_data["eps"] = eps;
-    return {out};
+    return {flat};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -1046,8 +1097,8 @@ struct AgnnLayerFn : public torch::autograd::Function<AgnnLayerFn> {
     const at::Tensor x3 = x.unsqueeze(1);
     std::vector<at::Tensor> gs = attention_bwd_impl(
         2, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, q, x3, x3, c10::nullopt, c,
-        g.scale, g.slope, g.p, g.seed, s[5], s[6], grads[0].contiguous(), g.sched, g.work,
-        g.merge, g.t_work, g.t_merge, /*fold=*/true, false);
+        g.scale, g.slope, g.p, g.seed, s[5].unsqueeze(1), s[6], grads[0].contiguous().unsqueeze(1),
+        g.sched, g.work, g.merge, g.t_work, g.t_merge, /*fold=*/true, false);
     // gs: d q [N, 1, F], d keys-and-values [N, 1, F], (value), (edge), d c, score sum
     at::Tensor dx, cs;
     std::tie(dx, cs) = agnn_prologue_bwd(x, gs[0].reshape({x.size(0), x.size(1)}), gs[4],
@@ -1080,7 +1131,7 @@ at::Tensor agnn_layer_autograd(DFGNN_AGNN_LAYER_PARAMS) {
     const at::Tensor x3 = x.unsqueeze(1);
     return std::get<0>(layer_attention_fwd(2, g, q, x3, x3, c)).squeeze(1);
   }
-  return AgnnLayerFn::apply(x, beta, &g, eps)[0].squeeze(1);
+  return AgnnLayerFn::apply(x, beta, &g, eps)[0];
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ from torch_geometric.nn.conv.gat_conv import GATConv as _PyGGATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from ..graph import CSRGraph
-from ..ops import GAT, _check_float, _seed, gat_attention, gat_node_attention
+from ..ops import GAT, _check_float, _op_seed, gat_attention, gat_node_attention
 from ..ops.fused import gat_layer_on
 from ..schedule import plan_for
 from ._padded import gpu_bound, kernel_width, paddable, padded_linear, unpad
@@ -144,7 +144,7 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         slope = _check_float("negative_slope", self.negative_slope)
         p = self._fused_dropout
         return gat_layer_on(g, plan_for(g, GAT, C, H, x.dtype), x, wb[0], att_src, att_dst, bias,
-                            slope, p, _seed(p, x.device))
+                            slope, p, _op_seed(p))
 
     def _node_logits(self, x, x_in_src: Optional[Tensor], x_in_dst: Optional[Tensor],
                      x_src: Tensor, x_dst: Optional[Tensor], lin):

@@ -8,7 +8,7 @@ from torch import Tensor
 from torch_geometric.nn.conv.gatv2_conv import GATv2Conv as _PyGGATv2Conv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
-from ..ops import GATV2, _check_float, _seed, gatv2_attention
+from ..ops import GATV2, _check_float, _op_seed, gatv2_attention
 from ..ops.fused import gatv2_layer_on
 from ..schedule import plan_for
 from ._glue import _use
@@ -80,7 +80,7 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         n = x.size(0)
         return gatv2_layer_on(g, plan_for(g, GATV2, width, H, x.dtype), x, lins[0],
                               lins[1] if len(lins) > 1 else None, att, bias, H, C, width, slope,
-                              p, _seed(p, x.device), _use(x, n, H * width), _use(x, n, H * C))
+                              p, _op_seed(p), _use(x, n, H * width), _use(x, n, H * C))
 
     def forward(  # noqa: F811
         self,

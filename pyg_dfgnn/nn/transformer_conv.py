@@ -10,7 +10,7 @@ from torch import Tensor
 from torch_geometric.nn.conv.transformer_conv import TransformerConv as _PyGTransformerConv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
-from ..ops import DOT, _seed, dot_attention
+from ..ops import DOT, _op_seed, dot_attention
 from ..ops.fused import transformer_layer_on
 from ..schedule import plan_for
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
@@ -121,7 +121,7 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         width = kernel_width(C, x, H, DOT, pad_small=True)
         p = self._fused_dropout
         return transformer_layer_on(g, plan_for(g, DOT, width, H, x.dtype), x, lins, H, C, width,
-                                    1.0 / math.sqrt(C), p, _seed(p, x.device),
+                                    1.0 / math.sqrt(C), p, _op_seed(p),
                                     _use(x, x.size(0), 3 * H * width))
 
     def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,

@@ -133,14 +133,26 @@ def _check_float(name: str, value: Any, finite: bool = True) -> float:
     return value if isinstance(value, torch.SymFloat) else float(value)
 
 
-def _seed(dropout: float, device) -> Optional[Tensor]:
+def _check_dropout(dropout: float) -> float:
     dropout = _check_float("dropout", dropout)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"'dropout' must be in [0, 1), got {dropout}")
-    if dropout == 0.0:
+    return dropout
+
+
+def _seed(dropout: float, device) -> Optional[Tensor]:
+    if _check_dropout(dropout) == 0.0:
         return None
     # drawn from torch's default CPU generator: torch.manual_seed reproduces it
     return torch.randint(0, 2**62, (1,), dtype=torch.long)
+
+
+def _op_seed(dropout: float) -> int:
+    """The seed argument of a layer op (``dfgnn_C::*_layer``): ``-1`` where
+    ``dropout`` applies, for the op to draw the value :func:`_seed` draws from
+    the same generator (``layer_seed`` in cuda/dfgnn_ops.cpp), else ``0``;
+    ``dropout`` checked as :func:`_seed` checks it."""
+    return -1 if _check_dropout(dropout) > 0.0 else 0
 
 
 def _dense(t: Optional[Tensor]) -> Optional[Tensor]:

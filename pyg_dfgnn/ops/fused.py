@@ -620,7 +620,7 @@ def _layer_graph_args(graph, plan) -> tuple:
 
 def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor,
                  bias: Optional[Tensor], negative_slope: float, dropout_p: float,
-                 seed: Optional[Tensor]) -> Tensor:
+                 seed: int) -> Tensor:
     """A GAT layer's call on one node set, ``[N, H * C]``, as one op and one
     autograd node (``dfgnn_C::gat_layer``, eager CUDA calls): the projection
     ``h = x W^T`` viewed ``[N, H, C]`` (``weight [H * C, in]``), the node logits
@@ -630,14 +630,14 @@ def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_ds
     the projection's two GEMMs, in C++.  The caller validated everything: one
     dtype and device for all tensors, ``x [N, in]`` with ``N`` the graph's
     source and destination nodes, the schedule ``plan`` for ``(GAT, C, H,
-    x.dtype)`` (:class:`pyg_dfgnn.nn.GATConv`)."""
+    x.dtype)`` (:class:`pyg_dfgnn.nn.GATConv`).  ``seed`` is the op's seed
+    argument (:func:`pyg_dfgnn.ops._op_seed`: ``-1`` draws it in the op)."""
     return _ext().gat_layer(x, weight, att_src, att_dst, bias, *_layer_graph_args(graph, plan),
-                            negative_slope, dropout_p, _seed_int(seed))
+                            negative_slope, dropout_p, seed)
 
 
 def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, width: int,
-                         scale: float, dropout_p: float, seed: Optional[Tensor],
-                         gemv: bool) -> Tensor:
+                         scale: float, dropout_p: float, seed: int, gemv: bool) -> Tensor:
     """A Transformer layer's call on one node set (concatenated heads, no beta,
     no edge features), ``[N, heads * chans]``, as one op and
     one autograd node (``dfgnn_C::transformer_layer``, eager CUDA calls):
@@ -650,16 +650,17 @@ def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, w
     on q / k / v alike, on the skip alone).  The caller validated everything:
     one dtype and device, ``[heads * chans, in]`` weights, ``x [N, in]`` with ``N`` the graph's
     source and destination nodes, the schedule ``plan`` for ``(DOT, width,
-    heads, x.dtype)`` (:class:`pyg_dfgnn.nn.TransformerConv`)."""
+    heads, x.dtype)`` (:class:`pyg_dfgnn.nn.TransformerConv`); ``seed`` as
+    for :func:`gat_layer_on`."""
     (wq, bq), (wk, bk), (wv, bv), (ws, bs) = lins
     return _ext().transformer_layer(x, wq, bq, wk, bk, wv, bv, ws, bs,
                                     *_layer_graph_args(graph, plan), scale, dropout_p,
-                                    _seed_int(seed), heads, chans, width, gemv)
+                                    seed, heads, chans, width, gemv)
 
 
 def gatv2_layer_on(graph, plan, x: Tensor, lin_l, lin_r, att: Tensor, bias: Optional[Tensor],
                    heads: int, chans: int, width: int, negative_slope: float,
-                   dropout_p: float, seed: Optional[Tensor], gemv_proj: bool,
+                   dropout_p: float, seed: int, gemv_proj: bool,
                    gemv_bias: bool) -> Tensor:
     """A GATv2 layer's call on one node set (concatenated heads, no residual,
     no edge features), ``[N, heads * chans]``, as one op and one autograd node
@@ -670,11 +671,11 @@ def gatv2_layer_on(graph, plan, x: Tensor, lin_l, lin_r, att: Tensor, bias: Opti
     ``chans`` columns + ``bias``; the bias gradients as column sums, GEMVs
     where ``gemv_proj`` / ``gemv_bias``.  The caller validated everything
     (:class:`pyg_dfgnn.nn.GATv2Conv`); ``plan`` is the schedule for ``(GATV2,
-    width, heads, x.dtype)``."""
+    width, heads, x.dtype)``; ``seed`` as for :func:`gat_layer_on`."""
     wr, br = lin_r if lin_r is not None else (None, None)
     return _ext().gatv2_layer(x, lin_l[0], lin_l[1], wr, br, att, bias,
                               *_layer_graph_args(graph, plan), negative_slope, dropout_p,
-                              _seed_int(seed), heads, chans, width, gemv_proj, gemv_bias)
+                              seed, heads, chans, width, gemv_proj, gemv_bias)
 
 
 def agnn_layer_on(graph, plan, x: Tensor, beta: Tensor, eps: float) -> Tensor:

@@ -406,11 +406,14 @@ def check_bf16_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, A
 
 # ---------------------------------------------------------------------------- layer ops
 def layer_op_node(out: Tensor) -> str:
-    """The name of the autograd node below a layer output's ``[N, H * C]``
-    view: the one-op layer paths' C++ Functions (``...GatLayerFn``,
-    ``...TransformerLayerFn``), or a node of the path of several ops."""
+    """The names of a layer output's autograd node and of the nodes it feeds
+    on: the one-op layer paths' C++ Functions (``...GatLayerFn``,
+    ``...TransformerLayerFn``), whose flat output is the node's own (no view
+    node above it), or nodes of the path of several ops."""
     fn = out.grad_fn
-    return fn.next_functions[0][0].name() if fn is not None and fn.next_functions else ""
+    if fn is None:
+        return ""
+    return " ".join([fn.name()] + [f.name() for f, _ in fn.next_functions if f is not None])
 
 
 def run_layer(module, conv, x: Tensor, ei: Tensor, grad: Tensor, layer_op: bool, monkeypatch):
@@ -488,8 +491,12 @@ def check_layer_op_guards(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: st
     with a forward hook on the projection ``hooked`` (which is called); a wrong
     feature width raises PyG's error (from ``F.linear``, in Python); a graph met
     first in inference mode (its cached CSR and schedule are inference tensors,
-    which autograd cannot save) then trains."""
+    which autograd cannot save) then trains.  The output is the op's node's own
+    (no view node above it); modified in place, its backward raises autograd's
+    error where the node saved it, or else gives the modified output's
+    gradient."""
     assert node in layer_op_node(conv(x, ei))
+    check_layer_op_output(conv, x, ei, node)
     with torch.inference_mode():
         inf = conv(x.detach(), ei)
     with torch.no_grad():
@@ -512,6 +519,25 @@ def check_layer_op_guards(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: st
     out = conv(x, ei2)
     assert node in layer_op_node(out)
     out.sum().backward()
+
+
+def check_layer_op_output(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str) -> None:
+    """A one-op call's output is its C++ node's own output (``node``, no view
+    node above it), and an in-place change of it is either caught by
+    autograd's version check at backward or harmless: the gradient of x is
+    then that of the changed output."""
+    torch.manual_seed(3)
+    out = conv(x, ei)
+    assert node in out.grad_fn.name(), out.grad_fn.name()
+    torch.manual_seed(3)
+    want = torch.autograd.grad((conv(x, ei) * 2).sum(), x)[0]
+    out.mul_(2)
+    try:
+        got = torch.autograd.grad(out.sum(), x)[0]
+    except RuntimeError as e:
+        assert "inplace operation" in str(e), e
+    else:
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def layer_op_case(cls: type, kw: Dict[str, Any], dtype: torch.dtype, train: bool):

@@ -6,8 +6,8 @@ import torch_geometric.nn as pyg_nn
 from pyg_dfgnn.nn import AGNNConv
 
 from ._equiv import (DEVICES, FORMATS, HAS_CUDA, assert_layer_op_equals_several_ops,
-                     check_equivalence, check_layer_op_against_float64, feats, layer_op_dtypes,
-                     layer_op_node, make_adj, random_edge_index)
+                     check_equivalence, check_layer_op_against_float64, check_layer_op_output,
+                     feats, layer_op_dtypes, layer_op_node, make_adj, random_edge_index)
 
 N, F_IN, E = 12, 8, 40
 
@@ -143,6 +143,7 @@ def test_layer_op_only_where_it_applies():
     node = "AgnnLayerFn"
     conv = AGNNConv(requires_grad=True).cuda()
     assert node in layer_op_node(conv(x, ei))
+    check_layer_op_output(conv, x, ei, node)
     with torch.inference_mode():
         inf = conv(x.detach(), ei)
     with torch.no_grad():
