@@ -43,6 +43,8 @@ BASE: Dict[str, Any] = {
         "repeats": 15,
         "max_measure_s": 5.0,    # fewer repeats (>= min_repeats) when one call is slow
         "min_repeats": 3,
+        "min_measure_s": None,   # more repeats (<= max_repeats) when one call is fast
+        "max_repeats": 200,
     },
     "check": {
         # max |out - ref| / max |ref| (also for the input and parameter gradients)

@@ -83,6 +83,9 @@ class Settings:
     repeats: int = 15
     max_measure_s: Optional[float] = 5.0
     min_repeats: int = 3
+    #: fast calls are timed for at least this long (up to ``max_repeats`` runs)
+    min_measure_s: Optional[float] = None
+    max_repeats: int = 200
     tolerance: Dict[str, float] = field(default_factory=lambda: {
         "float64": 1e-6, "float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2})
     fp64_max_elements: int = 250_000_000
@@ -109,6 +112,8 @@ class Settings:
         s.repeats = int(t.get("repeats", s.repeats))
         s.max_measure_s = t.get("max_measure_s", s.max_measure_s)
         s.min_repeats = int(t.get("min_repeats", s.min_repeats))
+        s.min_measure_s = t.get("min_measure_s", s.min_measure_s)
+        s.max_repeats = int(t.get("max_repeats", s.max_repeats))
         s.tolerance = {**s.tolerance, **{k: float(v) for k, v in
                                          (c.get("tolerance") or {}).items()}}
         s.fp64_max_elements = int(c.get("fp64_max_elements", s.fp64_max_elements))
@@ -363,12 +368,12 @@ def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
             # memory the contender keeps between calls (caches, converted adjacency)
             row["resident_mb"] = max(mem1 - mem0, 0.0)
         stage = "forward timing"
-        s = timing.measure(fwd, dev, settings.warmup, settings.repeats,
-                           max_time_s=settings.max_measure_s, min_repeats=settings.min_repeats)
+        more = dict(max_time_s=settings.max_measure_s, min_repeats=settings.min_repeats,
+                    min_time_s=settings.min_measure_s, max_repeats=settings.max_repeats)
+        s = timing.measure(fwd, dev, settings.warmup, settings.repeats, **more)
         row.update(s.as_dict("fwd_ms"))
         stage = "forward+backward timing"
-        s = timing.measure(step, dev, settings.warmup, settings.repeats, pre=zero,
-                           max_time_s=settings.max_measure_s, min_repeats=settings.min_repeats)
+        s = timing.measure(step, dev, settings.warmup, settings.repeats, pre=zero, **more)
         row.update(s.as_dict("fwdbwd_ms"))
         stage = "memory"
         zero()

@@ -112,25 +112,38 @@ def wall_once(fn: Callable[[], object], device) -> float:
 
 def measure(fn: Callable[[], object], device, warmup: int = 3, repeats: int = 10,
             pre: Optional[Callable[[], None]] = None, max_time_s: Optional[float] = None,
-            min_repeats: int = 3) -> Stats:
+            min_repeats: int = 3, min_time_s: Optional[float] = None,
+            max_repeats: Optional[int] = None) -> Stats:
     """Median & spread of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
 
     ``pre()`` runs before every call, outside the measured interval (e.g. to
     drop gradients).  With ``max_time_s`` the number of repeats is reduced
     (never below ``min_repeats``) when one call is so slow that the repeats
-    would take longer than that.
+    would take longer than that.  With ``min_time_s`` fast calls get more:
+    the warm-up goes on until it took a quarter of that time, and the timed
+    runs until they took that time, each up to ``max_repeats`` runs (a
+    sub-millisecond, host-bound call's median of 10 moved by 1.5x between
+    runs of the same code: docs/BENCHMARKS.md, session 31).
     """
     pre = pre or (lambda: None)
     cuda = is_cuda(device)
-    for _ in range(max(warmup, 0)):
+    cap = max(int(max_repeats or 0), int(repeats), 1)
+    start = time.perf_counter()
+    w = 0
+    while w < max(warmup, 0) or (min_time_s and w < cap and
+                                   time.perf_counter() - start < min_time_s / 4):
         pre()
         fn()
+        if min_time_s:
+            sync(device)
+        w += 1
     sync(device)
     times: List[float] = []
     start_all = time.perf_counter()
     target = max(int(repeats), 1)
     i = 0
-    while i < target:
+    while i < target or (min_time_s and i < cap and
+                         time.perf_counter() - start_all < min_time_s):
         pre()
         if cuda:
             s = torch.cuda.Event(enable_timing=True)

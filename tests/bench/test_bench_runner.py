@@ -209,6 +209,12 @@ def test_timing_helpers():
     calls = []
     st = timing.measure(lambda: calls.append(1), CPU, warmup=2, repeats=5)
     assert len(calls) == 7 and st.n == 5
+    # a fast call timed for at least min_time_s: here up to the cap (a list
+    # append takes microseconds; 30 + 30 of them far less than the 10 s asked)
+    calls.clear()
+    st = timing.measure(lambda: calls.append(1), CPU, warmup=2, repeats=5, min_time_s=10.0,
+                        max_repeats=30)
+    assert len(calls) == 60 and st.n == 30
     assert timing.peak_memory_mb(lambda: None, CPU) == 0.0
     # CPU: peak of the tensor memory allocated during the call (two 4 MiB
     # buffers alive at once, then freed), not what is left at the end
