@@ -45,6 +45,7 @@ BASE: Dict[str, Any] = {
         "min_repeats": 3,
         "min_measure_s": None,   # more repeats (<= max_repeats) when one call is fast
         "max_repeats": 200,
+        "interleave": 1,         # rounds of timing blocks alternated between contenders
     },
     "check": {
         # max |out - ref| / max |ref| (also for the input and parameter gradients)

@@ -15,6 +15,7 @@ tensors.  For each contender, :func:`run_contender`
    dtype's tolerance is reported as ``mismatch`` and **not** timed,
 4. times forward (under ``torch.no_grad``) and forward+backward (the
    gradients are dropped before every repeat, outside the timed interval),
+   in blocks interleaved with the case's other contenders (:func:`run_case`),
 5. measures peak extra memory of one forward and one forward+backward.
 
 Any out-of-memory error is reported as ``OOM``; a contender that cannot run
@@ -83,6 +84,8 @@ class Settings:
     repeats: int = 15
     max_measure_s: Optional[float] = 5.0
     min_repeats: int = 3
+    #: rounds of interleaved timing blocks per case (:func:`run_case`)
+    interleave: int = 1
     #: fast calls are timed for at least this long (up to ``max_repeats`` runs)
     min_measure_s: Optional[float] = None
     max_repeats: int = 200
@@ -114,6 +117,7 @@ class Settings:
         s.min_repeats = int(t.get("min_repeats", s.min_repeats))
         s.min_measure_s = t.get("min_measure_s", s.min_measure_s)
         s.max_repeats = int(t.get("max_repeats", s.max_repeats))
+        s.interleave = int(t.get("interleave", s.interleave))
         s.tolerance = {**s.tolerance, **{k: float(v) for k, v in
                                          (c.get("tolerance") or {}).items()}}
         s.fp64_max_elements = int(c.get("fp64_max_elements", s.fp64_max_elements))
@@ -296,111 +300,176 @@ def base_row(case: Case, contender: str) -> Dict[str, Any]:
             "check": "", "max_err": None, "note": ""}
 
 
+class _Contender:
+    """One contender of a case through its stages (:func:`run_case`): setup,
+    first calls and correctness check (:meth:`prepare`), timing blocks
+    (:meth:`time_block`, interleaved with the case's other contenders),
+    memory (:meth:`memory`) and cleanup (:meth:`close`).  A failure at any
+    stage ends it with the status the module docstring lists."""
+
+    def __init__(self, case: Case, name: str, factory: Factory, ref: Reference,
+                 settings: Settings):
+        self.case, self.name, self.factory, self.ref = case, name, factory, ref
+        self.settings = settings
+        self.row = base_row(case, name)
+        self.stage = "setup"
+        self.prep: Optional[Prepared] = None
+        self.xs = list(case.inputs)
+        self.xr = [t.detach().requires_grad_(True) for t in case.inputs]
+        self.failed = False
+        self.times: Dict[str, List[float]] = {"fwd_ms": [], "fwdbwd_ms": []}
+
+    def zero(self) -> None:
+        _drop_grads(self.xr)
+        if self.prep is not None:
+            _drop_grads(self.prep.params.values())
+
+    def fwd(self):
+        with torch.no_grad():
+            return self.prep.fn(*self.xs)
+
+    def step(self) -> None:
+        out = self.prep.fn(*self.xr)
+        out.backward(self.case.grad_out)
+
+    def guarded(self, stage: Callable[[], Any]) -> bool:
+        """``stage()``; ``False`` (the row's status set) where it failed."""
+        try:
+            stage()
+            return True
+        except Unavailable as e:
+            self.row["status"] = f"n/a: {e}"
+        except Skipped as e:
+            self.row["status"] = f"skipped: {e}"
+        except Exception as e:
+            row, case = self.row, self.case
+            if timing.is_oom(e):
+                row["status"] = "OOM"
+                row["note"] = _join(row["note"], f"out of memory during {self.stage}")
+            else:
+                row["status"] = f"error: {_short(e)}"
+                row["note"] = _join(row["note"], f"during {self.stage}")
+                self.settings.errors.append(
+                    f"[{case.section} {case.graph.name} {case.name} {case.shape} "
+                    f"{dtype_name(case.dtype)} {self.name}] during {self.stage}\n"
+                    f"{traceback.format_exc()}")
+        self.failed = True
+        self.close()
+        return False
+
+    def prepare(self, base_err: Optional[float]) -> bool:
+        """Setup, first calls and the check; ``True`` where timing follows.
+        Its check passes within ``max(tol, 2 * base_err)``: the baseline's own
+        error against the float64 reference (fp32 round-off of PyG itself)
+        widens the tolerance; the baseline is judged by ``tol`` only for
+        non-finite results, its error being the yardstick."""
+        ok = [False]
+
+        def run():
+            row, dev, case = self.row, self.case.device, self.case
+            self.mem0 = timing.allocated_mb(dev)
+            t0 = time.perf_counter()
+            self.prep = self.factory(case)
+            timing.sync(dev)
+            row["setup_ms"] = (time.perf_counter() - t0) * 1e3
+            if self.prep.note:
+                row["note"] = self.prep.note
+            self.stage = "first call"
+            row["first_ms"] = timing.wall_once(self.fwd, dev)
+            self.stage = "check"
+            self.zero()
+            timing.sync(dev)
+            t0 = time.perf_counter()
+            out = self.prep.fn(*self.xr)
+            out.backward(case.grad_out)
+            timing.sync(dev)
+            row["first_fwdbwd_ms"] = (time.perf_counter() - t0) * 1e3
+            row["check"] = self.ref.kind
+            if self.ref.kind != "none":
+                grads = {f"input{i}": x.grad for i, x in enumerate(self.xr)
+                         if x.grad is not None}
+                grads.update({f"param:{n}": p.grad for n, p in self.prep.params.items()
+                              if p.grad is not None})
+                err, where = compare(out, grads, self.ref, self.settings.floor)
+                row["max_err"] = err
+                row["max_err_at"] = where  # out, input<i> or param:<name>
+                tol = self.settings.tol(case.dtype)
+                if self.name == case.baseline and err == err and err != float("inf"):
+                    tol = max(tol, err)
+                elif base_err is not None:
+                    tol = max(tol, 2.0 * base_err)
+                if not err <= tol:
+                    row["status"] = "mismatch"
+                    row["note"] = _join(row["note"], f"worst: {where} rel err {err:.3g} > "
+                                                     f"tol {tol:g} vs {self.ref.kind}")
+                    return
+            else:
+                row["note"] = _join(row["note"], "unchecked: no reference fits")
+            del out
+            self.zero()
+            mem1 = timing.allocated_mb(dev)
+            if self.mem0 is not None and mem1 is not None:
+                # memory the contender keeps between calls (caches, converted adjacency)
+                row["resident_mb"] = max(mem1 - self.mem0, 0.0)
+            ok[0] = True
+
+        if not self.guarded(run):
+            return False
+        if not ok[0]:
+            self.close()
+        return ok[0]
+
+    def time_block(self, key: str, first: bool, share: int) -> bool:
+        """One block of timed calls (``key``: ``fwd_ms`` or ``fwdbwd_ms``), a
+        ``1 / share`` part of the configured repeats and times, after the
+        configured warm-up (``first``) or one call."""
+        st, dev = self.settings, self.case.device
+        fwd = key == "fwd_ms"
+        self.stage = "forward timing" if fwd else "forward+backward timing"
+
+        def part(v, lo=1):
+            return None if v is None else max(-(-v // share) if isinstance(v, int) else v / share,
+                                              lo)
+
+        def run():
+            self.times[key] += timing.measure_times(
+                self.fwd if fwd else self.step, dev, st.warmup if first else 1,
+                part(st.repeats), pre=None if fwd else self.zero,
+                max_time_s=part(st.max_measure_s, 0.0), min_repeats=part(st.min_repeats),
+                min_time_s=part(st.min_measure_s, 0.0), max_repeats=part(st.max_repeats))
+        return self.guarded(run)
+
+    def memory(self) -> None:
+        """The timings' summaries, peak memory, and the ``ok`` status."""
+        def run():
+            for key, ts in self.times.items():
+                self.row.update(timing.summarize(ts).as_dict(key))
+            self.stage = "memory"
+            self.zero()
+            dev = self.case.device
+            self.row["fwd_peak_mb"] = timing.peak_memory_mb(self.fwd, dev)
+            self.row["fwdbwd_peak_mb"] = timing.peak_memory_mb(self.step, dev, pre=self.zero)
+            self.row["status"] = "ok"
+        if self.guarded(run):
+            self.close()
+
+    def close(self) -> None:
+        self.zero()
+        self.prep = None
+        self.xr = []
+        st = self.row["status"]
+        timing.free_memory(self.case.device, collect=st == "OOM" or st.startswith("error"))
+
+
 def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
                   settings: Settings, base_err: Optional[float] = None) -> Dict[str, Any]:
-    """One contender.  Its check passes within ``max(tol, 2 * base_err)``: the
-    baseline's own error against the float64 reference (fp32 round-off of
-    PyG itself) widens the tolerance; the baseline is judged by ``tol`` only
-    for non-finite results, its error being the yardstick."""
-    row = base_row(case, name)
-    dev = case.device
-    stage = "setup"
-    prep: Optional[Prepared] = None
-    xs = list(case.inputs)
-    xr = [t.detach().requires_grad_(True) for t in case.inputs]
-
-    def zero():
-        _drop_grads(xr)
-        if prep is not None:
-            _drop_grads(prep.params.values())
-
-    try:
-        mem0 = timing.allocated_mb(dev)
-        t0 = time.perf_counter()
-        prep = factory(case)
-        timing.sync(dev)
-        row["setup_ms"] = (time.perf_counter() - t0) * 1e3
-        if prep.note:
-            row["note"] = prep.note
-
-        def fwd():
-            with torch.no_grad():
-                return prep.fn(*xs)
-
-        def step():
-            out = prep.fn(*xr)
-            out.backward(case.grad_out)
-
-        stage = "first call"
-        row["first_ms"] = timing.wall_once(fwd, dev)
-        stage = "check"
-        zero()
-        timing.sync(dev)
-        t0 = time.perf_counter()
-        out = prep.fn(*xr)
-        out.backward(case.grad_out)
-        timing.sync(dev)
-        row["first_fwdbwd_ms"] = (time.perf_counter() - t0) * 1e3
-        row["check"] = ref.kind
-        if ref.kind != "none":
-            grads = {f"input{i}": x.grad for i, x in enumerate(xr) if x.grad is not None}
-            grads.update({f"param:{n}": p.grad for n, p in prep.params.items()
-                          if p.grad is not None})
-            err, where = compare(out, grads, ref, settings.floor)
-            row["max_err"] = err
-            row["max_err_at"] = where  # out, input<i> or param:<name>
-            tol = settings.tol(case.dtype)
-            if name == case.baseline and err == err and err != float("inf"):
-                tol = max(tol, err)
-            elif base_err is not None:
-                tol = max(tol, 2.0 * base_err)
-            if not err <= tol:
-                row["status"] = "mismatch"
-                row["note"] = _join(row["note"], f"worst: {where} rel err {err:.3g} > tol "
-                                                 f"{tol:g} vs {ref.kind}")
-                return row
-        else:
-            row["note"] = _join(row["note"], "unchecked: no reference fits")
-        del out
-        zero()
-        mem1 = timing.allocated_mb(dev)
-        if mem0 is not None and mem1 is not None:
-            # memory the contender keeps between calls (caches, converted adjacency)
-            row["resident_mb"] = max(mem1 - mem0, 0.0)
-        stage = "forward timing"
-        more = dict(max_time_s=settings.max_measure_s, min_repeats=settings.min_repeats,
-                    min_time_s=settings.min_measure_s, max_repeats=settings.max_repeats)
-        s = timing.measure(fwd, dev, settings.warmup, settings.repeats, **more)
-        row.update(s.as_dict("fwd_ms"))
-        stage = "forward+backward timing"
-        s = timing.measure(step, dev, settings.warmup, settings.repeats, pre=zero, **more)
-        row.update(s.as_dict("fwdbwd_ms"))
-        stage = "memory"
-        zero()
-        row["fwd_peak_mb"] = timing.peak_memory_mb(fwd, dev)
-        row["fwdbwd_peak_mb"] = timing.peak_memory_mb(step, dev, pre=zero)
-        row["status"] = "ok"
-    except Unavailable as e:
-        row["status"] = f"n/a: {e}"
-    except Skipped as e:
-        row["status"] = f"skipped: {e}"
-    except Exception as e:
-        if timing.is_oom(e):
-            row["status"] = "OOM"
-            row["note"] = _join(row["note"], f"out of memory during {stage}")
-        else:
-            row["status"] = f"error: {_short(e)}"
-            row["note"] = _join(row["note"], f"during {stage}")
-            settings.errors.append(f"[{case.section} {case.graph.name} {case.name} "
-                                   f"{case.shape} {dtype_name(case.dtype)} {name}] "
-                                   f"during {stage}\n{traceback.format_exc()}")
-    finally:
-        zero()
-        prep = None
-        xr = None
-        timing.free_memory(dev, collect=row["status"] == "OOM"
-                           or row["status"].startswith("error"))
-    return row
+    """One contender alone (:class:`_Contender`'s stages, its timing in one
+    block per measure)."""
+    c = _Contender(case, name, factory, ref, settings)
+    if c.prepare(base_err) and c.time_block("fwd_ms", True, 1) and \
+            c.time_block("fwdbwd_ms", True, 1):
+        c.memory()
+    return c.row
 
 
 def _join(a: str, b: str) -> str:
@@ -412,13 +481,20 @@ def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
              before: Optional[Callable[[str], Optional[str]]] = None,
              after: Optional[Callable[[str, Dict[str, Any]], None]] = None
              ) -> List[Dict[str, Any]]:
-    """Reference once, then every contender in order.  ``before(name)`` may
-    return a skip reason; ``after(name, row)`` sees each finished row."""
+    """Reference once, then every contender's setup and check in order, then
+    their timing, interleaved: ``settings.interleave`` rounds of one block of
+    forward calls per contender, then as many of forward+backward calls (a
+    contender's repeats split across its blocks), so that a drift of the
+    machine's speed during the case (the host of a host-bound call) falls on
+    every contender alike and the speedups are ratios from the same minutes.
+    Then each contender's memory.  ``before(name)`` may return a skip reason;
+    ``after(name, row)`` sees each finished row."""
     try:
         ref = compute_reference(case, settings)
     finally:
         timing.free_memory(case.device)
-    rows = []
+    rows: List[Dict[str, Any]] = []
+    live: List[_Contender] = []
     base_err: Optional[float] = None
     # the baseline first: its own error against the reference sets the yardstick
     order = sorted(contenders.items(), key=lambda kv: kv[0] != case.baseline)
@@ -432,14 +508,27 @@ def run_case(case: Case, contenders: Dict[str, Factory], settings: Settings,
             row["status"] = "OOM"
             row["note"] = "out of memory in forward+backward (while computing the reference)"
         else:
-            row = run_contender(case, name, factory, ref, settings, base_err)
+            c = _Contender(case, name, factory, ref, settings)
+            if c.prepare(base_err):
+                live.append(c)
+            row = c.row
         if name == case.baseline and isinstance(row.get("max_err"), float):
             base_err = row["max_err"]
+        rows.append(row)
+    rounds = max(int(settings.interleave), 1)
+    for key in ("fwd_ms", "fwdbwd_ms"):
+        for k in range(rounds):
+            for c in live:
+                if not c.failed:
+                    c.time_block(key, k == 0, rounds)
+    for c in live:
+        if not c.failed:
+            c.memory()
+    for row in rows:
         if ref.note:
             row["note"] = _join(row["note"], ref.note)
         if after is not None:
-            after(name, row)
-        rows.append(row)
+            after(row["contender"], row)
         if on_row is not None:
             on_row(row)
     return rows

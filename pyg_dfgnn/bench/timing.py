@@ -114,7 +114,16 @@ def measure(fn: Callable[[], object], device, warmup: int = 3, repeats: int = 10
             pre: Optional[Callable[[], None]] = None, max_time_s: Optional[float] = None,
             min_repeats: int = 3, min_time_s: Optional[float] = None,
             max_repeats: Optional[int] = None) -> Stats:
-    """Median & spread of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
+    """:func:`measure_times`' summary (median & spread)."""
+    return summarize(measure_times(fn, device, warmup, repeats, pre, max_time_s, min_repeats,
+                                   min_time_s, max_repeats))
+
+
+def measure_times(fn: Callable[[], object], device, warmup: int = 3, repeats: int = 10,
+                  pre: Optional[Callable[[], None]] = None, max_time_s: Optional[float] = None,
+                  min_repeats: int = 3, min_time_s: Optional[float] = None,
+                  max_repeats: Optional[int] = None) -> List[float]:
+    """Milliseconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
 
     ``pre()`` runs before every call, outside the measured interval (e.g. to
     drop gradients).  With ``max_time_s`` the number of repeats is reduced
@@ -161,7 +170,7 @@ def measure(fn: Callable[[], object], device, warmup: int = 3, repeats: int = 10
         if max_time_s is not None and i == 1:
             per = max(time.perf_counter() - start_all, 1e-9)
             target = max(min(target, int(max_time_s / per)), min(min_repeats, target))
-    return summarize(times)
+    return times
 
 
 def peak_memory_mb(fn: Callable[[], object], device,

@@ -103,6 +103,32 @@ def test_mismatch_is_reported_and_not_timed():
         assert r.get("fwd_ms") is None and r.get("fwdbwd_ms") is None  # not timed
 
 
+def _logged(tag, log):
+    """PyG's layer, each call logged under ``tag``."""
+    def factory(case):
+        p = pyg_factory(case)
+
+        def fn(*a):
+            log.append(tag)
+            return p.fn(*a)
+        return Prepared(fn=fn, params=p.params, note=p.note, keep=p.keep)
+    return factory
+
+
+def test_timing_blocks_are_interleaved():
+    """With ``interleave = 3`` the contenders' timed calls alternate in blocks:
+    after every contender's first calls and check, three forward blocks each,
+    then three forward+backward blocks each, then each one's memory calls."""
+    case = _gat_case()
+    log = []
+    rows = run_case(case, {"pyg": _logged("pyg", log), "other": _logged("other", log)},
+                    _settings(interleave=3, repeats=3))
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    runs = [t for i, t in enumerate(log) if i == 0 or log[i - 1] != t]
+    assert runs == ["pyg", "other"] * 8, runs
+    assert all(r["fwd_ms_n"] == 3 and r["fwdbwd_ms_n"] == 3 for r in rows)
+
+
 def test_oom_and_errors_are_reported_not_raised():
     case = _gat_case()
     s = _settings()
