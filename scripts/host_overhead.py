@@ -70,14 +70,26 @@ def layers(width: int, heads: int):
 # GPU
 # --------------------------------------------------------------------------- #
 
-def host_times(conv, x, ei, calls: int, rounds: int = 1):
+def host_times(conv, x, ei, calls: int, rounds: int = 1, fresh: bool = False):
     """``(forward us, backward us, forward CPU us, backward CPU us)`` of host
     time per call, GPU queue kept busy: the least of ``rounds`` timed loops
     each, as wall time and as the CPU time of the process (all threads: the
     backward of CUDA tensors runs on autograd's device thread).  A loop's wall
     mean moved by up to 2x between loops and processes on one H200 start
     (session 27); the CPU time does not count the time the process is not
-    running."""
+    running.
+
+    ``fresh``: every backward starts with no gradients (``p.grad = None`` for x
+    and every parameter, as ``zero_grad(set_to_none=True)`` leaves them in a
+    training step), so that autograd stores the new gradients instead of
+    adding them to the last call's (one ``add_`` launch per parameter); the
+    time of the resets alone is subtracted."""
+    params = list(conv.parameters()) + [x]
+
+    def reset():
+        for p in params:
+            p.grad = None
+
     def burn():  # a few ms of GPU work so the queue is never empty while timing
         a = torch.empty(BURN_N, BURN_N, device=x.device)
         for _ in range(8):
@@ -101,9 +113,17 @@ def host_times(conv, x, ei, calls: int, rounds: int = 1):
 
         def backward():
             for o, g in zip(outs, grads):
+                if fresh:
+                    reset()
                 o.backward(g)
         bwd = timed(backward)
         torch.cuda.synchronize()
+        if fresh:
+            def resets():
+                for _ in range(calls):
+                    reset()
+            z = timed(resets)
+            bwd = (bwd[0] - z[0], bwd[1] - z[1])
         return fwd[0], bwd[0], fwd[1], bwd[1]
 
     for _ in range(3):  # warm-up (caches, plans)
@@ -266,7 +286,9 @@ def main_gpu(a):
     print(f"{torch.cuda.get_device_name()}: batch of {a.graphs} graphs ({b.num_nodes} nodes, "
           f"{ei.size(1)} edges), width {a.width}, {a.heads} heads, training mode "
           f"(dropout {DROPOUT}), {a.dtype}; host us per call"
-          + (f" and layer (stacks of {a.stack})" if a.stack > 1 else ""))
+          + (f" and layer (stacks of {a.stack})" if a.stack > 1 else "")
+          + ("; every backward without gradients before it (--fresh-grads)"
+             if a.fresh_grads else ""))
     for name, (mine, theirs) in layers(a.width, a.heads).items():
         if a.layers and name not in a.layers.split(","):
             continue
@@ -276,8 +298,10 @@ def main_gpu(a):
         if a.stack > 1:
             mine, theirs = _Stack(mine, a.stack), _Stack(theirs, a.stack)
         d = max(a.stack, 1)
-        f1, b1, cf1, cb1 = (t / d for t in host_times(mine, x, ei, a.calls, a.rounds))
-        f2, b2, cf2, cb2 = (t / d for t in host_times(theirs, x, ei, a.calls, a.rounds))
+        f1, b1, cf1, cb1 = (t / d for t in host_times(mine, x, ei, a.calls, a.rounds,
+                                                       a.fresh_grads))
+        f2, b2, cf2, cb2 = (t / d for t in host_times(theirs, x, ei, a.calls, a.rounds,
+                                                       a.fresh_grads))
         print(f"{name:6s} fused: forward {f1:6.1f} us, backward {b1:6.1f} us "
               f"(CPU {cf1:6.1f} / {cb1:6.1f}) | pyg: forward {f2:6.1f} us, backward "
               f"{b2:6.1f} us (CPU {cf2:6.1f} / {cb2:6.1f})", flush=True)
@@ -295,7 +319,8 @@ def main_gpu(a):
     d = max(a.stack, 1)
     if a.stack > 1:
         floor = _Stack(floor, a.stack)
-    f0, b0, cf0, cb0 = (t / d for t in host_times(floor, x, ei, a.calls, a.rounds))
+    f0, b0, cf0, cb0 = (t / d for t in host_times(floor, x, ei, a.calls, a.rounds,
+                                                   a.fresh_grads))
     print(f"{'floor':6s} torch.nn.Linear({a.width}, {a.width}): forward {f0:6.1f} us, "
           f"backward {b0:6.1f} us (CPU {cf0:6.1f} / {cb0:6.1f}; one GEMM: the host cost of "
           f"the smallest layer)", flush=True)
@@ -462,6 +487,9 @@ def main(argv=None):
     ap.add_argument("--profile", type=int, default=0,
                     help="GPU: torch.profiler breakdown of the fused layer's host time "
                          "(this many rows per phase)")
+    ap.add_argument("--fresh-grads", action="store_true",
+                    help="GPU: each backward starts without gradients, as in a training "
+                         "step after zero_grad(set_to_none=True)")
     ap.add_argument("--split", action="store_true",
                     help="GPU: a one-op forward's host time split into the op, its "
                          "CUDA kernel alone and the layer's Python path")
