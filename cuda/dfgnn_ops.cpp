@@ -5,10 +5,12 @@
 // the checks here guard the kernel's assumptions.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -17,6 +19,23 @@
 #include "attention_schema.h"
 
 namespace dfgnn {
+
+// Named phases of an op's host work in torch.profiler's traces (user scopes
+// "dfgnn::<op>::<phase>"): where a layer call's host time goes (docs/KERNELS.md,
+// session 31).  Each call ends the previous phase, end() or the destructor the
+// last; without a profiler each costs a thread-local check.
+class Phases {
+  std::optional<at::RecordFunction> rf_;
+
+ public:
+  void operator()(const char* name) {
+    rf_.reset();
+    rf_.emplace(at::RecordScope::USER_SCOPE);
+    if (rf_->isActive())
+      ::at::detail::record_function_with_scope(*rf_, name, c10::ArrayRef<const c10::IValue>{});
+  }
+  void end() { rf_.reset(); }
+};
 namespace {
 
 using c10::optional;
@@ -308,6 +327,8 @@ at::Tensor residual_rows(const at::Tensor& r, int64_t Fp) {
 // (the arguments of DFGNN_ATTENTION_FWD_SCHEMA and the residual, or an undefined tensor)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_impl(DFGNN_FWD_PARAMS,
                                                                   const at::Tensor& residual) {
+  Phases phase;
+  phase("dfgnn::attention_fwd::args");
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, need_alpha);
@@ -330,10 +351,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_impl(DFGNN_FWD_PARA
     f.res = residual_rows(residual, lay.Fp);
   }
   FwdOut o;
+  phase("dfgnn::attention_fwd::outputs");
   // written in the caller's width (the kernels skip the padding columns: no copy)
   o.out = at::empty({Nd, H, out_F > 0 ? out_F : lay.F}, v.options());
   o.lse = at::empty({2, Nd, H}, v.options().dtype(at::kFloat));  // (row max, log sum)
   o.alpha = need_alpha ? at::empty({col.numel(), H}, v.options()) : at::empty({0}, v.options());
+  phase("dfgnn::attention_fwd::launch");
   if (kind == 0) fwd_gat(g, f, s, o);
   else if (kind == 1) fwd_gatv2(g, f, s, o);
   else if (agnn) fwd_agnn(g, f, s, o);
@@ -402,6 +425,8 @@ std::array<int64_t, 3> qkv_blocks(const FeatArgs& f) {
 // their gradients are the same blocks of one new buffer, which the layer's
 // backward GEMM reads without concatenating them)
 std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blocks) {
+  Phases phase;
+  phase("dfgnn::attention_bwd::args");
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, false);
@@ -422,6 +447,7 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   BwdIn bi{out, lse, grad_out};
   const Layout lay = fit_features(kind, f, kind == 0 ? nullptr : &bi.out, &bi.grad_out);
   BwdOut o;
+  phase("dfgnn::attention_bwd::outputs");
   // absent gradients are distinct empty tensors (custom-op outputs must not alias)
   auto empty = [&] { return at::empty({0}, src.options()); };
   // (contiguous, whatever the inputs' row strides)
@@ -443,9 +469,11 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   o.d_edge = f.edge.defined() ? at::empty_like(f.edge) : empty();
   // (GAT's bias gradient is made below, in the caller's width)
   o.d_att = f.att.defined() && kind != 0 ? at::empty_like(f.att) : empty();
+  phase("dfgnn::attention_bwd::launch");
   if (kind == 0) {
     bwd_gat(g, f, s, bi, o);
-    if (f.att.defined()) {   // the output bias: a column sum of grad_out, as a GEMV
+    if (f.att.defined()) {
+      phase("dfgnn::attention_bwd::bias");   // the output bias: a column sum of grad_out, as a GEMV
       // of the caller's grad_out [N, H, C], written in the caller's bias width C
       // (the kernels may have run a bias padded to their width)
       const auto g2 = grad_out.reshape({-1, orig.att.numel()});
@@ -466,6 +494,7 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   }
   // gradients in the caller's widths (the padded columns are dropped, in one
   // launch where resize_cols takes them)
+  phase("dfgnn::attention_bwd::resize");
   std::vector<at::Tensor> gs{o.d_dst, o.d_src, o.d_val, o.d_edge, o.d_att};
   const at::Tensor* likes[5] = {&orig.dst, &orig.src, &orig.val, &orig.edge, &orig.att};
   std::vector<std::pair<at::Tensor*, int64_t>> cut;
@@ -691,10 +720,17 @@ GatLayerOut gat_layer_forward(const at::Tensor& x, const at::Tensor& w, const at
                               const LayerGraph& g) {
   const int64_t H = att_src.size(-2), C = att_src.size(-1);
   GatLayerOut r;
+  Phases phase;
+  phase("dfgnn::gat_layer::projection");
   r.h = at::mm(x, w.t()).view({x.size(0), H, C});
+  phase("dfgnn::gat_layer::logits");
   std::tie(r.a_src, r.a_dst) = gat_logits(r.h, att_src, att_dst);
+  phase.end();
   at::Tensor alpha;
-  std::tie(r.out, r.lse, alpha) = layer_attention_fwd(0, g, r.a_dst, r.a_src, r.h, bias);
+  // (the bias [H * C] or [H, C], viewed [H, C] here, below autograd)
+  const optional<at::Tensor> b =
+      bias.has_value() ? optional<at::Tensor>(bias->view({H, C})) : c10::nullopt;
+  std::tie(r.out, r.lse, alpha) = layer_attention_fwd(0, g, r.a_dst, r.a_src, r.h, b);
   return r;
 }
 
@@ -715,24 +751,32 @@ struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list r(6);
     if (!grads[0].defined()) return r;
+    Phases phase;
+    phase("dfgnn::gat_layer_backward::inputs");
     const variable_list s = ctx->get_saved_variables();
+    const LayerGraph g = load_graph(ctx);
     const at::Tensor &x = s[0], &w = s[1], &att_src = s[2], &att_dst = s[3], &h = s[5];
     const InputGrads needs(ctx, {true, true, true, true, s[4].defined()});
+    phase.end();
+    const optional<at::Tensor> bias =
+        s[4].defined() ? optional<at::Tensor>(s[4].view({h.size(1), h.size(2)})) : c10::nullopt;
     std::vector<at::Tensor> gs = layer_attention_bwd(
-        0, load_graph(ctx), s[7], s[6], h, opt_of(s[4]), s[8].view(h.sizes()), s[9],
+        0, g, s[7], s[6], h, bias, s[8].view(h.sizes()), s[9],
         grads[0].contiguous().view(h.sizes()));
     // gs: d a_dst, d a_src, d h, (d edge), d bias; the logits' share of d h added in place
     at::Tensor d_h = gs[2];
     at::Tensor d_as, d_ad;
+    phase("dfgnn::gat_layer_backward::logits");
     std::tie(d_as, d_ad) = gat_logits_bwd(h, att_src, att_dst, gs[1], gs[0], d_h);
     // the projection's gradients as autograd's mm formulas compute them (for
     // x W^T with a row-major W: d x = d h W, d W = d h^T x)
+    phase("dfgnn::gat_layer_backward::projection");
     const at::Tensor d2 = d_h.view({h.size(0), h.size(1) * h.size(2)});
     if (needs(0)) r[0] = at::mm(d2, w);
     if (needs(1)) r[1] = at::mm(d2.t(), x);
     if (needs(2)) r[2] = d_as;
     if (needs(3)) r[3] = d_ad;
-    if (needs(4)) r[4] = gs[4];
+    if (needs(4)) r[4] = gs[4].view(s[4].sizes());
     return r;
   }
 };
@@ -833,6 +877,8 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list r(14);
     if (!grads[0].defined()) return r;
+    Phases phase;
+    phase("dfgnn::transformer_layer_backward::inputs");
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &wp = s[1], &ws = s[2], &y = s[3];   // (ws: or undefined)
     const std::vector<int64_t> d = ctx->saved_data["dims"].toIntVector();
@@ -844,8 +890,10 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     const at::Tensor g2 = grads[0].reshape({N, H * C}).contiguous();
     at::Tensor g3 = g2.view({N, H, C});
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
+    const LayerGraph g = load_graph(ctx);
+    phase.end();
     std::vector<at::Tensor> gs =
-        layer_attention_bwd(2, load_graph(ctx), block(y, 0, H, W), block(y, 1, H, W),
+        layer_attention_bwd(2, g, block(y, 0, H, W), block(y, 1, H, W),
                             block(y, 2, H, W), {}, saved_heads(s[4], H, W), s[5], g3,
                             /*blocks=*/true);
     // d q / k / v: the column blocks of one buffer [N, 3 H W] (qkv_blocks), else joined
@@ -856,6 +904,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
                      dv.stride(0) == 3 * w &&
                      (char*)dk.data_ptr() == (char*)dq.data_ptr() + w * es &&
                      (char*)dv.data_ptr() == (char*)dq.data_ptr() + 2 * w * es;
+    phase("dfgnn::transformer_layer_backward::projections");
     const at::Tensor dy = one ? dq.as_strided({N, 3 * w}, {3 * w, 1})
                               : at::cat({dq.reshape({N, w}), dk.reshape({N, w}),
                                          dv.reshape({N, w})}, 1);

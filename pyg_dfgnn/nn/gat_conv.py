@@ -60,11 +60,16 @@ def _epilogue_bias(conv, x_src: Tensor, res: Optional[Tensor]) -> Optional[Tenso
     Value rows the layer projected into the kernels' padded width
     (:mod:`._padded`) are fine: the op writes the output in the bias' width
     ``C``, so nothing slices the padding out."""
-    b, H, C = conv.bias, conv.heads, conv.out_channels
-    if (b is None or res is not None or not (conv.concat or H == 1) or H > 32
-            or b.dtype != x_src.dtype or b.numel() != H * C):
+    if not _bias_in_epilogue(conv, x_src, res):
         return None
-    return b.view(H, C)
+    return conv.bias.view(conv.heads, conv.out_channels)
+
+
+def _bias_in_epilogue(conv, x_src: Tensor, res: Optional[Tensor]) -> bool:
+    """Whether the fused op adds the layer's bias (:func:`_epilogue_bias`)."""
+    b, H, C = conv.bias, conv.heads, conv.out_channels
+    return not (b is None or res is not None or not (conv.concat or H == 1) or H > 32
+                or b.dtype != x_src.dtype or b.numel() != H * C)
 
 
 class GATConv(FusedAttentionMixin, _PyGGATConv):
@@ -137,9 +142,12 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         if g is None:
             return None
         # (last: the bias the kernel adds, by the rule of the usual path, which
-        # this path takes wherever that rule keeps a bias out of the kernel)
-        bias = _epilogue_bias(self, x, None)
-        if bias is None and self.bias is not None:
+        # this path takes wherever that rule keeps a bias out of the kernel;
+        # passed as the parameter itself, [H * C], which the op views [H, C]:
+        # no view node in the autograd graph)
+        fold = _bias_in_epilogue(self, x, None)
+        bias = self.bias if fold else None
+        if self.bias is not None and (not fold or self.bias.device != x.device):
             return None
         slope = _check_float("negative_slope", self.negative_slope)
         p = self._fused_dropout

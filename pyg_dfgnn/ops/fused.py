@@ -625,7 +625,8 @@ def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_ds
     autograd node (``dfgnn_C::gat_layer``, eager CUDA calls): the projection
     ``h = x W^T`` viewed ``[N, H, C]`` (``weight [H * C, in]``), the node logits
     of :func:`gat_node_attention_on` (``att_src`` / ``att_dst`` ``[1, H, C]``
-    or ``[H, C]``), the fused attention with ``bias [H, C]`` (or ``None``) in
+    or ``[H, C]``), the fused attention with ``bias [H * C]`` or ``[H, C]`` (or
+    ``None``; the op views it ``[H, C]``, so no view node records it) in
     its epilogue; its backward is the fused backward, the logits' backward and
     the projection's two GEMMs, in C++.  The caller validated everything: one
     dtype and device for all tensors, ``x [N, in]`` with ``N`` the graph's

@@ -523,12 +523,14 @@ def check_layer_op_guards(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: st
 
 def check_layer_op_output(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str) -> None:
     """A one-op call's output is its C++ node's own output (``node``, no view
-    node above it), and an in-place change of it is either caught by
+    node above or below it), and an in-place change of it is either caught by
     autograd's version check at backward or harmless: the gradient of x is
     then that of the changed output."""
     torch.manual_seed(3)
     out = conv(x, ei)
     assert node in out.grad_fn.name(), out.grad_fn.name()
+    # (nor view nodes below it: the parameters reach the op as they are)
+    assert "ViewBackward" not in layer_op_node(out), layer_op_node(out)
     torch.manual_seed(3)
     want = torch.autograd.grad((conv(x, ei) * 2).sum(), x)[0]
     out.mul_(2)

@@ -84,7 +84,7 @@ def gemv_calls(monkeypatch):
     fused op, whose backward sums the column itself (a GEMV in the CUDA op)."""
     calls = []
     col_sum = _glue._column_sum
-    fold = gat_conv._epilogue_bias
+    fold = gat_conv._bias_in_epilogue
 
     def counted(g2):
         calls.append(tuple(g2.shape))
@@ -92,11 +92,11 @@ def gemv_calls(monkeypatch):
 
     def folded(*args):
         b = fold(*args)
-        if b is not None:
+        if b:
             calls.append("epilogue")
         return b
     monkeypatch.setattr(_glue, "_column_sum", counted)
-    monkeypatch.setattr(gat_conv, "_epilogue_bias", folded)
+    monkeypatch.setattr(gat_conv, "_bias_in_epilogue", folded)
     return calls
 
 
