@@ -23,7 +23,6 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch.nn.parameter import UninitializedParameter
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import add_self_loops, remove_self_loops
@@ -31,7 +30,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 
 from ..graph import CSRGraph, GraphRef, get_graph, is_sparse_tensor, is_torch_sparse, plain
 from ..ops import SUPPORTED_DTYPES
-from ._glue import _PLAIN_FORWARDS, _global_hooks, add_bias
+from ._glue import _global_hooks, _plain_params, add_bias
 
 __all__ = ["FusedAttentionMixin", "Adjacency", "resolve_adjacency", "common_dtype",
            "attention_weights", "check_sparse_loops", "generic_propagate"]
@@ -180,20 +179,15 @@ class FusedAttentionMixin:
         plain linear map (no hooks) with a ``[rows, in]`` weight and a
         ``[rows]`` bias or none, in ``x``'s dtype and on its device; else
         ``None``."""
-        # (what _plain asks, read from the module's own dictionaries: a
-        # parameter looked up through Module.__getattr__ costs ~1 us a time;
-        # a weight that is not a registered parameter takes the usual path)
-        params = getattr(lin, "_parameters", None)
-        if (params is None or "bias" not in params or type(lin).forward not in _PLAIN_FORWARDS
-                or lin._forward_hooks or lin._forward_pre_hooks):
+        wb = _plain_params(lin)
+        if wb is None:
             return None
-        w, b = params.get("weight"), params["bias"]
-        if (not isinstance(w, Tensor) or isinstance(w, UninitializedParameter)
-                or w.shape != (rows, x.size(1)) or w.dtype != x.dtype or w.device != x.device
-                or (b is not None and (not isinstance(b, Tensor) or b.shape != (rows,)
-                                       or b.dtype != x.dtype or b.device != x.device))):
+        w, b = wb
+        if (w.shape != (rows, x.size(1)) or w.dtype != x.dtype or w.device != x.device
+                or (b is not None and (b.shape != (rows,) or b.dtype != x.dtype
+                                       or b.device != x.device))):
             return None
-        return w, b
+        return wb
 
     def _layer_op_graph(self, x: Tensor, edge_index: Tensor, loops: bool) -> Optional[CSRGraph]:
         """The cached CSR graph of a one-op call on the node set of ``x``

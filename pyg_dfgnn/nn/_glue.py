@@ -356,14 +356,31 @@ class _Projections(torch.autograd.Function):
         return (None, None if dx is None else dx.to(x_dt), *out)
 
 
+def _plain_params(lin):
+    """``(weight, bias)`` of a linear map :class:`_Projections` and the layer
+    ops can run themselves, else ``None``: a module with PyTorch's or PyG's own
+    forward, no hooks, a 2-D initialised weight, a tensor or no bias.  Read
+    from the module's ``_parameters`` where both are registered there (each
+    lookup through ``Module.__getattr__`` costs ~1 us on a layer call's host
+    path: docs/KERNELS.md, session 31), else as attributes (e.g. a
+    parametrized weight)."""
+    if (not isinstance(lin, torch.nn.Module) or type(lin).forward not in _PLAIN_FORWARDS
+            or lin._forward_hooks or lin._forward_pre_hooks):
+        return None
+    params = lin._parameters
+    if "weight" in params and "bias" in params:
+        w, b = params["weight"], params["bias"]
+    else:
+        w, b = getattr(lin, "weight", None), getattr(lin, "bias", None)
+    if (not isinstance(w, Tensor) or not isinstance(b, (Tensor, type(None)))
+            or isinstance(w, torch.nn.parameter.UninitializedParameter) or w.dim() != 2):
+        return None
+    return w, b
+
+
 def _plain(lin) -> bool:
-    """A linear map :class:`_Projections` can take: a 2-D initialised weight, a
-    tensor or no bias, PyTorch's or PyG's own forward, no hooks."""
-    w, b = getattr(lin, "weight", None), getattr(lin, "bias", None)
-    return (isinstance(w, Tensor) and isinstance(b, (Tensor, type(None)))
-            and not isinstance(w, torch.nn.parameter.UninitializedParameter)
-            and w.dim() == 2 and type(lin).forward in _PLAIN_FORWARDS
-            and not (lin._forward_hooks or lin._forward_pre_hooks))
+    """Whether :func:`_plain_params` takes the linear map ``lin``."""
+    return _plain_params(lin) is not None
 
 
 def fused_projections(lins, x: Tensor, heads: int, chans: int, width: int, extra=None):
