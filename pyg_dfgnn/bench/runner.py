@@ -2,7 +2,7 @@
 
 A :class:`Case` is one (graph, layer-or-op, shape, dtype) problem with fixed inputs
 and a fixed upstream gradient; every contender of the case gets exactly these
-tensors.  For each contender, :func:`run_contender`
+tensors.  For each contender, :func:`run_case`
 
 1. builds it (``setup_ms``: module copy + weight load, adjacency conversion,
    ``torch.compile`` wrapping),
@@ -459,17 +459,6 @@ class _Contender:
         self.xr = []
         st = self.row["status"]
         timing.free_memory(self.case.device, collect=st == "OOM" or st.startswith("error"))
-
-
-def run_contender(case: Case, name: str, factory: Factory, ref: Reference,
-                  settings: Settings, base_err: Optional[float] = None) -> Dict[str, Any]:
-    """One contender alone (:class:`_Contender`'s stages, its timing in one
-    block per measure)."""
-    c = _Contender(case, name, factory, ref, settings)
-    if c.prepare(base_err) and c.time_block("fwd_ms", True, 1) and \
-            c.time_block("fwdbwd_ms", True, 1):
-        c.memory()
-    return c.row
 
 
 def _join(a: str, b: str) -> str:
