@@ -614,10 +614,11 @@ std::vector<at::Tensor> layer_attention_bwd(int64_t kind, const LayerGraph& g,
                                             const optional<at::Tensor>& val,
                                             const optional<at::Tensor>& att,
                                             const at::Tensor& out, const at::Tensor& lse,
-                                            const at::Tensor& grad_out, bool blocks = false) {
+                                            const at::Tensor& grad_out, bool blocks = false,
+                                            bool fold = false) {
   return attention_bwd_impl(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst,
                             src, val, c10::nullopt, att, g.scale, g.slope, g.p, g.seed, out, lse,
-                            grad_out, g.sched, g.work, g.merge, g.t_work, g.t_merge, false,
+                            grad_out, g.sched, g.work, g.merge, g.t_work, g.t_merge, fold,
                             blocks);
 }
 
@@ -1122,16 +1123,29 @@ at::Tensor gatv2_layer_autograd(DFGNN_GATV2_LAYER_PARAMS) {
 // sum over beta, or the prologue's sum where beta is 0 -- what ops.agnn_attention's
 // two autograd Functions (_AGNNPrologue, EagerAttention) compute.
 
+struct AgnnFwd {
+  at::Tensor q, c, n, out, lse;
+};
+
+// the prologue (q = beta c_i x_i, c = 1 / max(|x|, eps), |x|) and the dot
+// attention with keys = values = x and the key scale c: out [N, 1, F]
+AgnnFwd agnn_forward(const at::Tensor& x, const at::Tensor& beta, const LayerGraph& g,
+                     double eps) {
+  AgnnFwd f;
+  std::tie(f.q, f.c, f.n) = agnn_prologue(x, beta, x.size(0), eps);
+  const at::Tensor x3 = x.unsqueeze(1);
+  at::Tensor alpha;
+  std::tie(f.out, f.lse, alpha) = layer_attention_fwd(2, g, f.q, x3, x3, f.c);
+  return f;
+}
+
 // saved variables: x, beta, c, |x|, q, the output [N, F] (flat_alias), lse
 struct AgnnLayerFn : public torch::autograd::Function<AgnnLayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& beta,
                                const LayerGraph* g, double eps) {
-    at::Tensor q, c, n, out, lse, alpha;
-    std::tie(q, c, n) = agnn_prologue(x, beta, x.size(0), eps);
-    const at::Tensor x3 = x.unsqueeze(1);
-    std::tie(out, lse, alpha) = layer_attention_fwd(2, *g, q, x3, x3, c);
-    const at::Tensor flat = flat_alias(out);
-    ctx->save_for_backward({x, beta, c, n, q, flat, lse});
+    const AgnnFwd f = agnn_forward(x, beta, *g, eps);
+    const at::Tensor flat = flat_alias(f.out);
+    ctx->save_for_backward({x, beta, f.c, f.n, f.q, flat, f.lse});
     save_graph(ctx, *g);
     ctx->saved_data["eps"] = eps;
     return {flat};
@@ -1142,12 +1156,10 @@ struct AgnnLayerFn : public torch::autograd::Function<AgnnLayerFn> {
     if (!grads[0].defined()) return r;
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &beta = s[1], &c = s[2], &n = s[3], &q = s[4];
-    const LayerGraph g = load_graph(ctx);
     const at::Tensor x3 = x.unsqueeze(1);
-    std::vector<at::Tensor> gs = attention_bwd_impl(
-        2, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, q, x3, x3, c10::nullopt, c,
-        g.scale, g.slope, g.p, g.seed, s[5].unsqueeze(1), s[6], grads[0].contiguous().unsqueeze(1),
-        g.sched, g.work, g.merge, g.t_work, g.t_merge, /*fold=*/true, false);
+    std::vector<at::Tensor> gs =
+        layer_attention_bwd(2, load_graph(ctx), q, x3, x3, c, s[5].unsqueeze(1), s[6],
+                            grads[0].contiguous().unsqueeze(1), /*blocks=*/false, /*fold=*/true);
     // gs: d q [N, 1, F], d keys-and-values [N, 1, F], (value), (edge), d c, score sum
     at::Tensor dx, cs;
     std::tie(dx, cs) = agnn_prologue_bwd(x, gs[0].reshape({x.size(0), x.size(1)}), gs[4],
@@ -1174,12 +1186,7 @@ at::Tensor agnn_layer_autograd(DFGNN_AGNN_LAYER_PARAMS) {
   const double p = 0.0;
   const int64_t seed = 0;
   const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, 0.2);
-  if (!requires_grad({&x, &beta}, {})) {
-    at::Tensor q, c, n;
-    std::tie(q, c, n) = agnn_prologue(x, beta, x.size(0), eps);
-    const at::Tensor x3 = x.unsqueeze(1);
-    return std::get<0>(layer_attention_fwd(2, g, q, x3, x3, c)).squeeze(1);
-  }
+  if (!requires_grad({&x, &beta}, {})) return agnn_forward(x, beta, g, eps).out.squeeze(1);
   return AgnnLayerFn::apply(x, beta, &g, eps)[0];
 }
 
