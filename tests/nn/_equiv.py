@@ -483,35 +483,21 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
         assert err <= 2 * err_pyg + 4 * u * float(want.abs().max()), (k, err, err_pyg)
 
 
-def check_layer_op_guards(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str,
-                          hooked: torch.nn.Module) -> None:
-    """What the layers' one-op paths (``node``) share, on CUDA: a plain call
-    takes it; in inference mode the op's forward alone gives no-grad's output;
-    the path of several ops runs for attention weights, under autocast and
-    with a forward hook on the projection ``hooked`` (which is called); a wrong
-    feature width raises PyG's error (from ``F.linear``, in Python); a graph met
-    first in inference mode (its cached CSR and schedule are inference tensors,
-    which autograd cannot save) then trains.  The output is the op's node's own
-    (no view node above it); modified in place, its backward raises autograd's
-    error where the node saved it, or else gives the modified output's
-    gradient."""
+def check_layer_op_basics(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str) -> None:
+    """What every layer's one-op path (``node``) shows on CUDA: a plain call
+    takes it, its output is the op's node's own (:func:`check_layer_op_output`);
+    in inference mode the op's forward alone gives no-grad's output; under
+    autocast the path of several ops runs; a graph met first in inference mode
+    (its cached CSR and schedule are inference tensors, which autograd cannot
+    save) then trains."""
     assert node in layer_op_node(conv(x, ei))
     check_layer_op_output(conv, x, ei, node)
     with torch.inference_mode():
         inf = conv(x.detach(), ei)
     with torch.no_grad():
         torch.testing.assert_close(inf, conv(x, ei), rtol=0, atol=0)
-    out, _ = conv(x, ei, return_attention_weights=True)
-    assert node not in layer_op_node(out)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         assert node not in layer_op_node(conv(x, ei))
-    seen: list = []
-    h = hooked.register_forward_hook(lambda *a: seen.append(1))
-    assert node not in layer_op_node(conv(x, ei)) and seen
-    h.remove()
-    assert node in layer_op_node(conv(x, ei))
-    with pytest.raises(RuntimeError):
-        conv(torch.randn(x.size(0), x.size(1) + 1, device=x.device), ei)
     n = x.size(0)
     ei2 = random_edge_index(n, n, ei.size(1), seed=5, device=str(ei.device))
     with torch.inference_mode():
@@ -519,6 +505,25 @@ def check_layer_op_guards(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: st
     out = conv(x, ei2)
     assert node in layer_op_node(out)
     out.sum().backward()
+
+
+def check_layer_op_guards(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str,
+                          hooked: torch.nn.Module) -> None:
+    """What the projecting layers' one-op paths (``node``) share, on CUDA:
+    :func:`check_layer_op_basics`; the path of several ops runs for attention
+    weights and with a forward hook on the projection ``hooked`` (which is
+    called); a wrong feature width raises PyG's error (from ``F.linear``, in
+    Python)."""
+    check_layer_op_basics(conv, x, ei, node)
+    out, _ = conv(x, ei, return_attention_weights=True)
+    assert node not in layer_op_node(out)
+    seen: list = []
+    h = hooked.register_forward_hook(lambda *a: seen.append(1))
+    assert node not in layer_op_node(conv(x, ei)) and seen
+    h.remove()
+    assert node in layer_op_node(conv(x, ei))
+    with pytest.raises(RuntimeError):
+        conv(torch.randn(x.size(0), x.size(1) + 1, device=x.device), ei)
 
 
 def check_layer_op_output(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str) -> None:

@@ -6,7 +6,7 @@ import torch_geometric.nn as pyg_nn
 from pyg_dfgnn.nn import AGNNConv
 
 from ._equiv import (DEVICES, FORMATS, HAS_CUDA, assert_layer_op_equals_several_ops,
-                     check_equivalence, check_layer_op_against_float64, check_layer_op_output,
+                     check_equivalence, check_layer_op_against_float64, check_layer_op_basics,
                      feats, layer_op_dtypes, layer_op_node, make_adj, random_edge_index)
 
 N, F_IN, E = 12, 8, 40
@@ -133,31 +133,17 @@ def test_layer_op_against_float64():
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_layer_op_only_where_it_applies():
-    """The one-op path runs on a plain call in each kernel dtype and in
-    inference mode (the op's forward alone, equal to no-grad's output); the
-    path of several ops under autocast, for a non-contiguous x, and on a graph
-    met first in inference mode the op then trains."""
+    """The one-op path's shared cases (check_layer_op_basics: a plain call,
+    inference mode, autocast, a graph met first in inference mode); the path
+    of several ops for a non-contiguous x; the op in fp16 and bf16 too."""
     torch.manual_seed(0)
     ei = random_edge_index(N, N, E, device="cuda")
     x = feats(N, F_IN, "cuda", torch.float32).requires_grad_()
     node = "AgnnLayerFn"
     conv = AGNNConv(requires_grad=True).cuda()
-    assert node in layer_op_node(conv(x, ei))
-    check_layer_op_output(conv, x, ei, node)
-    with torch.inference_mode():
-        inf = conv(x.detach(), ei)
-    with torch.no_grad():
-        torch.testing.assert_close(inf, conv(x, ei), rtol=0, atol=0)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        assert node not in layer_op_node(conv(x, ei))
+    check_layer_op_basics(conv, x, ei, node)
     xt = torch.randn(F_IN, N, device="cuda").t().requires_grad_()
     assert node not in layer_op_node(conv(xt, ei))
     for dtype in (torch.bfloat16, torch.float16):   # half precision takes it too
         half = AGNNConv(requires_grad=True).to("cuda", dtype)
         assert node in layer_op_node(half(x.detach().to(dtype).requires_grad_(), ei))
-    ei2 = random_edge_index(N, N, E, seed=5, device="cuda")
-    with torch.inference_mode():
-        conv(x.detach(), ei2)
-    out = conv(x, ei2)
-    assert node in layer_op_node(out)
-    out.sum().backward()
