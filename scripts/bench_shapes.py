@@ -56,31 +56,36 @@ def build(name, heads, feat, dtype, dev, n):
     return ref, ours, x
 
 
-def measure(mods, x, ei, reps, warmup):
-    """Interleaved medians (ms) of fwd and fwd+bwd, and peak MiB of fwd+bwd."""
-    res = {}
+def layer_calls(m, x, ei):
+    """``(forward, forward+backward)`` calls of the layer ``m`` as the timing
+    scripts run them: the forward without autograd; the forward on a copy of
+    ``x`` that requires grad and a backward of ones."""
     xs = x.detach().requires_grad_(True)
 
-    def fwd(m):
+    def fwd():
         with torch.no_grad():
             m(x, ei)
 
-    def fb(m):
+    def fb():
         out = m(xs, ei)
         out.backward(torch.ones_like(out))
+    return fwd, fb
 
+
+def measure(mods, x, ei, reps, warmup):
+    """Interleaved medians (ms) of fwd and fwd+bwd, and peak MiB of fwd+bwd."""
+    res = {}
     # every (contender, pass) timed round-robin with CUDA events (tune_schedule.py)
     fns = {}
     for k, m in mods.items():
-        fns[k, "fwd"] = lambda m=m: fwd(m)
-        fns[k, "fb"] = lambda m=m: fb(m)
+        fns[k, "fwd"], fns[k, "fb"] = layer_calls(m, x, ei)
     med = timed_interleaved(fns, warmup=warmup, reps=reps)
     for k, m in mods.items():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        fb(m)
+        fns[k, "fb"]()
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         res[k] = {"fwd_ms": med[k, "fwd"], "fb_ms": med[k, "fb"], "peak_mib": peak}

@@ -36,19 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def measure(conv, stack, x, xh, ei, reps: int, calls: int, prof_reps: int) -> dict:
     """One round's numbers of one flag value (see the module docstring)."""
-    import torch
     import host_overhead as ho
+    from bench_shapes import layer_calls
     from kernel_ab import gpu_times, timed_median
-    xs = x.detach().requires_grad_(True)
-
-    def fwd():
-        with torch.no_grad():
-            conv(x, ei)
-
-    def fb():
-        o = conv(xs, ei)
-        o.backward(torch.ones_like(o))
-
+    fwd, fb = layer_calls(conv, x, ei)
     r = {"fwd": timed_median(fwd, reps), "fb": timed_median(fb, reps)}
     hf, hb, _, _ = ho.host_times(stack, xh, ei, calls, 1)
     d = len(stack.convs)

@@ -105,23 +105,13 @@ def run(a) -> None:
 
 def _cases(a, spec, g, ei, dev, out, extra) -> None:
     """Every (layer, shape, dtype) case of ``a`` on one graph: one JSON line each."""
-    import torch
     import bench_shapes as bs
     for case in a.cases.split(","):
         lname, shp = case.split(":")
         heads, feat = (int(v) for v in shp.split("x"))
         for dname in a.dtypes.split(","):
             _, ours, x = bs.build(lname, heads, feat, bs.DTYPES[dname], dev, g.num_nodes)
-            xs = x.detach().requires_grad_(True)
-
-            def fwd():
-                with torch.no_grad():
-                    ours(x, ei)
-
-            def fb():
-                o = ours(xs, ei)
-                o.backward(torch.ones_like(o))
-
+            fwd, fb = bs.layer_calls(ours, x, ei)
             times = {pname + "_ms": timed_median(fn, a.reps, a.warmup)
                      for pname, fn in (("fwd", fwd), ("fb", fb))}
             fwd_total, _ = gpu_times(fwd, a.prof_reps)
@@ -135,7 +125,7 @@ def _cases(a, spec, g, ei, dev, out, extra) -> None:
             print(f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s} fwd {times['fwd_ms']:.3f} "
                   f"fb {times['fb_ms']:.3f} gpu fwd {fwd_total:.3f} fb {total:.3f} | {ks}",
                   flush=True)
-            del ours, x, xs
+            del ours, x, fwd, fb
 
 
 def _value(r: dict, k: str):

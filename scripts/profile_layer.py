@@ -69,16 +69,8 @@ def main(argv=None):
                          "and CUDA runtime call, and every kernel, as offsets from the "
                          "call's start (gaps between host events are Python)")
     a = ap.parse_args(argv)
-    ours, x, xs, ei = layer_case(a)
-
-    def fwd():
-        with torch.no_grad():
-            ours(x, ei)
-
-    def fb():
-        out = ours(xs, ei)
-        out.backward(torch.ones_like(out))
-
+    ours, x, _, ei = layer_case(a)
+    fwd, fb = bs.layer_calls(ours, x, ei)
     for name, fn in (("forward", fwd), ("forward+backward", fb)):
         wall, gpu, evs = wall_and_kernels(fn, a.reps)
         print(f"== {a.layer} {a.shape} {a.dtype} {a.graph} {name}: wall {wall:.3f} ms/call, "
