@@ -156,3 +156,50 @@ def test_empty_and_edgeless_batches(device):
     misses = G.cache_info()["misses"]
     _same_graph(G.get_graph(b.edge_index, (6, 6), 6), fresh)
     assert G.cache_info()["misses"] == misses
+
+
+# ---- _segments: the slices' copy (NumPy for CPU tensors of its dtypes) --------
+
+def _segments_reference(t, starts, ends, dim):
+    return torch.cat([t.narrow(dim, int(a), int(b - a)) for a, b in zip(starts, ends)], dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.int64, torch.float32,
+                                   torch.float16, torch.bool, torch.bfloat16])
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_segments_equal_torch_cat(dtype, dim, with_out):
+    from pyg_dfgnn.data.batching import _segments
+    g = torch.Generator().manual_seed(0)
+    t = (torch.randn(7, 90, generator=g) * 50).to(dtype)
+    if dim == 0:
+        t = t.t().contiguous()   # [90, 7]: slices of rows
+    starts = np.array([0, 10, 10, 47, 80])
+    ends = np.array([4, 10, 30, 61, 90])   # (an empty slice among them)
+    want = _segments_reference(t, starts, ends, dim)
+    if with_out:
+        shape = list(t.shape)
+        shape[dim] = int((ends - starts).sum()) + 5
+        buf = torch.full(shape, 3, dtype=dtype)
+        out = buf.narrow(dim, 0, int((ends - starts).sum()))
+        got = _segments(t, starts, ends, dim, out=out)
+        assert got.data_ptr() == out.data_ptr()
+        assert torch.equal(buf.narrow(dim, want.size(dim), 5),
+                           torch.full_like(buf.narrow(dim, want.size(dim), 5), 3))
+    else:
+        got = _segments(t, starts, ends, dim)
+    assert got.dtype == dtype and torch.equal(got, want)
+
+
+def test_segments_out_of_another_dtype_and_bad_slices():
+    from pyg_dfgnn.data.batching import _segments
+    t = torch.arange(20, dtype=torch.int16)
+    out = torch.empty(7, dtype=torch.int32)   # (torch.cat's promotion into a wider out)
+    assert torch.equal(_segments(t, np.array([0, 15]), np.array([2, 20]), 0, out=out),
+                       torch.tensor([0, 1, 15, 16, 17, 18, 19], dtype=torch.int32))
+    with pytest.raises(RuntimeError):   # past the end: torch.narrow's error, not a short copy
+        _segments(t, np.array([18]), np.array([25]), 0)
+    with pytest.raises(RuntimeError):
+        _segments(t, np.array([-1]), np.array([3]), 0)
+    empty = _segments(t, np.array([], dtype=np.int64), np.array([], dtype=np.int64), 0)
+    assert empty.shape == (0,) and empty.dtype == torch.int16
