@@ -56,6 +56,25 @@ def build(name, heads, feat, dtype, dev, n):
     return ref, ours, x
 
 
+def graph_cases(graphs: str, cases: str, dtypes: str, dev):
+    """Every ``(spec, graph, edge_index on dev, layer, "HxF", H, F, dtype name)``
+    of the comma-separated ``graphs`` (names in :data:`GRAPHS`), ``cases``
+    (``layer:HxF``) and ``dtypes`` (keys of :data:`DTYPES`), graph by graph;
+    a graph's memory is given back before the next one is loaded."""
+    for spec in GRAPHS:
+        if spec["name"] not in graphs.split(","):
+            continue
+        g = load_graph(spec)
+        ei = g.edge_index.to(dev)
+        for case in cases.split(","):
+            lname, shp = case.split(":")
+            heads, feat = (int(v) for v in shp.split("x"))
+            for dname in dtypes.split(","):
+                yield spec, g, ei, lname, shp, heads, feat, dname
+        del g, ei
+        torch.cuda.empty_cache()
+
+
 def layer_calls(m, x, ei):
     """``(forward, forward+backward)`` calls of the layer ``m`` as the timing
     scripts run them: the forward without autograd; the forward on a copy of

@@ -122,28 +122,17 @@ def main(argv=None) -> None:
     print(f"device: {torch.cuda.get_device_name()}; us per call, medians "
           f"(wall and host unprofiled; pre / busy / gaps from CUDA-only profiled calls)",
           flush=True)
-    for spec in bs.GRAPHS:
-        if spec["name"] not in a.graphs.split(","):
-            continue
-        g = bs.load_graph(spec)
-        ei = g.edge_index.to(dev)
-        for case in a.cases.split(","):
-            lname, shp = case.split(":")
-            heads, feat = (int(v) for v in shp.split("x"))
-            for dname in a.dtypes.split(","):
-                _, ours, x = bs.build(lname, heads, feat, bs.DTYPES[dname], dev, g.num_nodes)
-                for pname, fn in zip(("fwd", "fb"), bs.layer_calls(ours, x, ei)):
-                    r = timeline(fn, a.reps)
-                    print(f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s} {pname:3s} "
-                          f"wall {r['wall']:7.1f} host {r['host']:6.1f} | pre {r['pre']:6.1f} "
-                          f"busy {r['busy']:7.1f} gaps {r['gaps']:6.1f} (n {r['n']})",
-                          flush=True)
-                if a.cpu_top:
-                    cpu_top(bs.layer_calls(ours, x, ei)[0], a.reps, a.cpu_top)
-                del ours, x
-        del g, ei
-        torch.cuda.empty_cache()
-
+    for spec, g, ei, lname, shp, heads, feat, dname in bs.graph_cases(a.graphs, a.cases,
+                                                                      a.dtypes, dev):
+        _, ours, x = bs.build(lname, heads, feat, bs.DTYPES[dname], dev, g.num_nodes)
+        for pname, fn in zip(("fwd", "fb"), bs.layer_calls(ours, x, ei)):
+            r = timeline(fn, a.reps)
+            print(f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s} {pname:3s} "
+                  f"wall {r['wall']:7.1f} host {r['host']:6.1f} | pre {r['pre']:6.1f} "
+                  f"busy {r['busy']:7.1f} gaps {r['gaps']:6.1f} (n {r['n']})", flush=True)
+        if a.cpu_top:
+            cpu_top(bs.layer_calls(ours, x, ei)[0], a.reps, a.cpu_top)
+        del ours, x
 
 if __name__ == "__main__":
     main()

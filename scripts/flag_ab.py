@@ -74,48 +74,39 @@ def main(argv=None) -> None:
     out = open(a.out, "w") if a.out else None
     print(f"device: {torch.cuda.get_device_name()}  flag: {a.flag}", flush=True)
     summary = []
-    for spec in bs.GRAPHS:
-        if spec["name"] not in a.graphs.split(","):
-            continue
-        g = bs.load_graph(spec)
-        ei = g.edge_index.to(dev)
-        for case in a.cases.split(","):
-            lname, shp = case.split(":")
-            heads, feat = (int(v) for v in shp.split("x"))
-            for dname in a.dtypes.split(","):
-                dt = bs.DTYPES[dname]
-                _, conv, x = bs.build(lname, heads, feat, dt, dev, g.num_nodes)
-                # host times: training mode, a stack of layers of one width (as in
-                # a model), the bench layer's dtype
-                w = heads * feat
-                one = (getattr(dnn, bs.LAYERS[lname])(requires_grad=True) if lname == "agnn"
-                       else getattr(dnn, bs.LAYERS[lname])(w, feat, heads=heads, dropout=0.1))
-                stack = ho._Stack(one.to(dev, dt).train(), a.stack)
-                xh = torch.randn(g.num_nodes, w, device=dev, dtype=dt, requires_grad=True)
-                rows = {True: [], False: []}
-                for rnd in range(a.rounds):
-                    order = (True, False) if rnd % 2 == 0 else (False, True)
-                    for v in order:
-                        flag[0] = v
-                        rows[v].append(measure(conv, stack, x, xh, ei, a.reps, a.calls,
-                                               a.prof_reps))
-                flag[0] = True
-                med = {v: {k: statistics.median(r[k] for r in rows[v]) for k in rows[v][0]}
-                       for v in rows}
-                key = f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s}"
-                for v in (True, False):
-                    m = med[v]
-                    print(f"{key} {'on ' if v else 'off'}: fwd {m['fwd']:.3f} fb {m['fb']:.3f} "
-                          f"ms | host fwd {m['host_f']:6.1f} bwd {m['host_b']:6.1f} us | "
-                          f"gpu fb {m['gpu_fb']:.3f} ms", flush=True)
-                    if out:
-                        out.write(json.dumps({"graph": spec["name"], "layer": lname,
-                                              "shape": shp, "dtype": dname, "flag": v,
-                                              **m, "rounds": rows[v]}) + "\n")
-                summary.append((key, {k: med[True][k] / med[False][k] for k in med[True]}))
-                del conv, x, stack, xh
-        del g, ei
-        torch.cuda.empty_cache()
+    for spec, g, ei, lname, shp, heads, feat, dname in bs.graph_cases(a.graphs, a.cases,
+                                                                      a.dtypes, dev):
+        dt = bs.DTYPES[dname]
+        _, conv, x = bs.build(lname, heads, feat, dt, dev, g.num_nodes)
+        # host times: training mode, a stack of layers of one width (as in
+        # a model), the bench layer's dtype
+        w = heads * feat
+        one = (getattr(dnn, bs.LAYERS[lname])(requires_grad=True) if lname == "agnn"
+               else getattr(dnn, bs.LAYERS[lname])(w, feat, heads=heads, dropout=0.1))
+        stack = ho._Stack(one.to(dev, dt).train(), a.stack)
+        xh = torch.randn(g.num_nodes, w, device=dev, dtype=dt, requires_grad=True)
+        rows = {True: [], False: []}
+        for rnd in range(a.rounds):
+            order = (True, False) if rnd % 2 == 0 else (False, True)
+            for v in order:
+                flag[0] = v
+                rows[v].append(measure(conv, stack, x, xh, ei, a.reps, a.calls,
+                                       a.prof_reps))
+        flag[0] = True
+        med = {v: {k: statistics.median(r[k] for r in rows[v]) for k in rows[v][0]}
+               for v in rows}
+        key = f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s}"
+        for v in (True, False):
+            m = med[v]
+            print(f"{key} {'on ' if v else 'off'}: fwd {m['fwd']:.3f} fb {m['fb']:.3f} "
+                  f"ms | host fwd {m['host_f']:6.1f} bwd {m['host_b']:6.1f} us | "
+                  f"gpu fb {m['gpu_fb']:.3f} ms", flush=True)
+            if out:
+                out.write(json.dumps({"graph": spec["name"], "layer": lname,
+                                      "shape": shp, "dtype": dname, "flag": v,
+                                      **m, "rounds": rows[v]}) + "\n")
+        summary.append((key, {k: med[True][k] / med[False][k] for k in med[True]}))
+        del conv, x, stack, xh
     print("\nratios on / off (medians over rounds):")
     for key, r in summary:
         print(f"{key} " + " ".join(f"{k} {v:.3f}" for k, v in r.items()))
