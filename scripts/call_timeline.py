@@ -69,8 +69,8 @@ def timeline(fn, reps: int, warmup: int = 5):
 
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from kernel_ab import timed_median
-    wall = timed_median(fn, 3 * reps, warmup) * 1e3
+    from tune_schedule import timed
+    wall = timed(fn, warmup=warmup, reps=3 * reps) * 1e3
     host = []
     for _ in range(3 * reps):
         torch.cuda.synchronize()

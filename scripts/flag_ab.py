@@ -38,9 +38,10 @@ def measure(conv, stack, x, xh, ei, reps: int, calls: int, prof_reps: int) -> di
     """One round's numbers of one flag value (see the module docstring)."""
     import host_overhead as ho
     from bench_shapes import layer_calls
-    from kernel_ab import gpu_times, timed_median
+    from kernel_ab import gpu_times
+    from tune_schedule import timed
     fwd, fb = layer_calls(conv, x, ei)
-    r = {"fwd": timed_median(fwd, reps), "fb": timed_median(fb, reps)}
+    r = {"fwd": timed(fwd, reps=reps), "fb": timed(fb, reps=reps)}
     hf, hb, _, _ = ho.host_times(stack, xh, ei, calls, 1)
     d = len(stack.convs)
     r["host_f"], r["host_b"] = hf / d, hb / d

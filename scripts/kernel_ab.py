@@ -39,23 +39,6 @@ def kernel_class(name: str) -> str:
     return ""
 
 
-def timed_median(fn, reps: int, warmup: int = 3) -> float:
-    """Median ms of ``reps`` synchronised calls of ``fn`` after ``warmup``: CUDA
-    events around each call (the layer benchmark's measure)."""
-    import torch
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
-
-
 def gpu_times(fn, reps: int):
     """GPU time per call of ``fn`` (ms, torch.profiler over ``reps`` calls):
     the total of every CUDA kernel, and the attention kernels per class."""
@@ -106,13 +89,14 @@ def run(a) -> None:
 def _cases(a, spec, g, ei, dev, out, extra) -> None:
     """Every (layer, shape, dtype) case of ``a`` on one graph: one JSON line each."""
     import bench_shapes as bs
+    from tune_schedule import timed
     for case in a.cases.split(","):
         lname, shp = case.split(":")
         heads, feat = (int(v) for v in shp.split("x"))
         for dname in a.dtypes.split(","):
             _, ours, x = bs.build(lname, heads, feat, bs.DTYPES[dname], dev, g.num_nodes)
             fwd, fb = bs.layer_calls(ours, x, ei)
-            times = {pname + "_ms": timed_median(fn, a.reps, a.warmup)
+            times = {pname + "_ms": timed(fn, warmup=a.warmup, reps=a.reps)
                      for pname, fn in (("fwd", fwd), ("fb", fb))}
             fwd_total, _ = gpu_times(fwd, a.prof_reps)
             total, kern = gpu_times(fb, a.prof_reps)
