@@ -571,3 +571,21 @@ LAYER_OP_KW = [pytest.param(dict(heads=8, out_channels=10), id="8x10"),
                pytest.param(dict(heads=4, out_channels=64), id="4x64"),
                pytest.param(dict(heads=1, out_channels=16), id="1x16"),
                pytest.param(dict(heads=2, out_channels=8, bias=False), id="nobias")]
+
+
+def layer_op_equality_cases(*extra_kw, gpu_bound: bool = False):
+    """The cases of a layer's ``test_layer_op_equals_the_path_of_several_ops``
+    (CUDA only): modes, dtypes, :data:`LAYER_OP_KW` plus the layer's own
+    ``extra_kw`` as ``kw``, and, with ``gpu_bound``, small and GPU-bound calls."""
+    marks = [layer_op_modes, layer_op_dtypes,
+             pytest.mark.parametrize("kw", LAYER_OP_KW + list(extra_kw))]
+    if gpu_bound:
+        marks.append(pytest.mark.parametrize("gpu_bound", [False, True],
+                                             ids=["small", "gpubound"]))
+    marks += [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+
+    def apply(fn):
+        for m in reversed(marks):   # (the order of the decorators they replace)
+            fn = m(fn)
+        return fn
+    return apply

@@ -5,11 +5,11 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import GATConv
 
-from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, LAYER_OP_KW, N, SparseTensor,
+from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N, SparseTensor,
                      assert_layer_op_equals_several_ops, check_bf16_against_float64, check_core,
                      check_layer_op_against_float64, check_layer_op_guards,
                      check_equivalence, check_formats, check_state_dict_round_trip,
-                     dropout_runs, feats, layer_op_case, layer_op_dtypes, layer_op_modes,
+                     dropout_runs, feats, layer_op_case, layer_op_equality_cases,
                      layer_op_node, make_adj,
                      random_edge_index, record_results)
 
@@ -244,14 +244,10 @@ def test_node_logits_in_the_op(device, kw, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- layer op
-@layer_op_modes
-@layer_op_dtypes
-@pytest.mark.parametrize("kw", LAYER_OP_KW + [
+@layer_op_equality_cases(
     pytest.param(dict(heads=8, out_channels=8), id="8x8"),
     pytest.param(dict(heads=1, out_channels=16, concat=False), id="1x16mean"),
-    pytest.param(dict(heads=2, out_channels=8, add_self_loops=False), id="noloops")])
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+    pytest.param(dict(heads=2, out_channels=8, add_self_loops=False), id="noloops"))
 def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, monkeypatch, deterministic):
     """An eager CUDA call on one node set runs as one op and one autograd node
     (``dfgnn_C::gat_layer``: projection, node logits, attention, bias).  Its

@@ -5,11 +5,11 @@ import torch_geometric.nn as pyg_nn
 
 from pyg_dfgnn.nn import TransformerConv
 
-from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, LAYER_OP_KW, N,
+from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N,
                      assert_layer_op_equals_several_ops, check_core, check_equivalence,
                      check_formats, check_layer_op_against_float64, check_layer_op_guards,
                      check_state_dict_round_trip,
-                     dropout_runs, feats, layer_op_case, layer_op_dtypes, layer_op_modes,
+                     dropout_runs, feats, layer_op_case, layer_op_equality_cases,
                      layer_op_node, make_adj, random_edge_index)
 
 
@@ -151,14 +151,10 @@ def test_inference_adds_the_root_weight_in_the_kernel(dtype, heads, chans, nodes
 
 
 # ---------------------------------------------------------------------------- layer op
-@layer_op_modes
-@layer_op_dtypes
-@pytest.mark.parametrize("kw", LAYER_OP_KW + [
+@layer_op_equality_cases(
     pytest.param(dict(heads=8, out_channels=10, root_weight=False), id="noroot8x10"),
-    pytest.param(dict(heads=8, out_channels=19, root_weight=False), id="noroot8x19")])
-@pytest.mark.parametrize("gpu_bound", [False, True], ids=["small", "gpubound"])
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+    pytest.param(dict(heads=8, out_channels=19, root_weight=False), id="noroot8x19"),
+    gpu_bound=True)
 def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, gpu_bound, monkeypatch,
                                                  deterministic):
     """An eager CUDA call on one node set (concatenated heads, no beta or edge
