@@ -47,6 +47,8 @@ struct BwdOut {
   // AGNN's kernels: with want_score_sum, score_sum gets the row pass's fp32
   // sum_j dS_ij s_ij per (launch column, work item, head) (Params::score_sum)
   bool want_score_sum = false;
+  // d_src / d_val are src / val themselves (dfgnn_ops.cpp: src_in_place)
+  bool src_aliased = false;
   at::Tensor score_sum;
 };
 

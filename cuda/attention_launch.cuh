@@ -524,6 +524,21 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   if (VCOL != VEC && !recompute) p.G = choose_group(sc.group, p.F, VCOL, KIND);
   l = launch_shape(p.num_items, p.H, p.F, p.G, recompute ? VEC : VCOL);
   p.tile = l.tile;
+  // d_src / d_val written over src / val (dfgnn_ops.cpp: src_in_place): a
+  // recomputing launch column over one feature tile of several reads its own
+  // column's other tiles while the other launch columns write theirs, so there
+  // the gradients go to a buffer of their own, copied over afterwards
+  at::Tensor own_src, own_val;
+  if (o.src_aliased && l.grid.y > 1 && recompute) {
+    own_src = at::empty(o.d_src.sizes(), o.d_src.options());
+    p.d_src = mptr<T>(own_src);
+    p.ldg_src = p.H * p.F;
+    if (o.d_val.defined() && o.d_val.numel()) {
+      own_val = at::empty(o.d_val.sizes(), o.d_val.options());
+      p.d_val = mptr<T>(own_val);
+      p.ldg_val = p.H * p.F;
+    }
+  }
   at::Tensor cpart1, cpart2;
   if (sc.t_slots > 0) {
     cpart1 = at::empty({sc.t_slots, p.H, p.F}, fo);
@@ -551,6 +566,8 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   }
+  if (own_src.defined()) o.d_src.copy_(own_src);
+  if (own_val.defined()) o.d_val.copy_(own_val);
 }
 
 // dtype x index x vector-width dispatch.  The op registration pads feature

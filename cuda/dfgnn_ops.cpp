@@ -13,6 +13,7 @@
 #include <optional>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include "attention_api.h"
@@ -420,11 +421,39 @@ std::array<int64_t, 3> qkv_blocks(const FeatArgs& f) {
   return blk;
 }
 
+// Whether the backward may write d_src (and dot attention's d_val) over src
+// (val) themselves: GATv2's x_l with its own x_r, or the Transformer's k and v
+// blocks of the projection buffer (blk), read by the kernels as the caller
+// gave them.  The row pass reads the neighbours' src / val rows and writes
+// d_dst only; the column pass writes d_src[j] / d_val[j] (or, for split
+// columns, partial sums that a later merge adds up), and of src / val it
+// reads only its own column's rows, at the start (recompute mode; GATv2's
+// x_src_j in either mode) -- except a launch column of a head split over
+// several feature tiles, which reads the row's other tiles while another
+// launch column may have written them: bwd_impl then writes d_src / d_val to
+// a buffer of their own and copies them over (attention_launch.cuh).  dst
+// must not share src's storage: the column pass reads it for every edge.
+// Not for AGNN (keys are values, folded gradients), edge features or a key
+// scale (kept simple: no layer op passes them).
+bool src_in_place(int64_t kind, bool agnn, const FeatArgs& f, const at::Tensor& src,
+                  const optional<at::Tensor>& val, const std::array<int64_t, 3>& blk) {
+  if (agnn || f.edge.defined() || f.src.numel() == 0 || f.src.data_ptr() != src.data_ptr())
+    return false;
+  if (kind == 1) return f.src.storage().data() != f.dst.storage().data();
+  return kind == 2 && !f.att.defined() && blk[0] >= 0 && val.has_value() &&
+         f.val.data_ptr() == val->data_ptr();
+}
+
 // (the arguments of DFGNN_ATTENTION_BWD_SCHEMA; fold: attention_bwd_folded, below;
 // blocks: where q / k / v are the column blocks of one buffer (qkv_blocks),
 // their gradients are the same blocks of one new buffer, which the layer's
-// backward GEMM reads without concatenating them)
-std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blocks) {
+// backward GEMM reads without concatenating them; inplace: the caller no longer
+// needs src and val after this call (a layer op's own projections, in a
+// backward that frees its graph), so where the kernels read them as they are
+// (no padded or aligned copy), d_src and d_val are written over them -- see
+// src_in_place -- and d_dst comes back in a new contiguous buffer)
+std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blocks,
+                                           bool inplace) {
   Phases phase;
   phase("dfgnn::attention_bwd::args");
   const c10::cuda::CUDAGuard guard(src.device());
@@ -453,7 +482,12 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   // (contiguous, whatever the inputs' row strides)
   const std::array<int64_t, 3> blk =
       (blocks && kind == 2 && !agnn) ? qkv_blocks(f) : std::array<int64_t, 3>{-1, -1, -1};
-  if (blk[0] >= 0) {
+  if (inplace && src_in_place(kind, agnn, f, src, val, blk)) {
+    o.d_dst = at::empty(f.dst.sizes(), f.dst.options());
+    o.d_src = f.src;
+    o.d_val = kind == 2 ? f.val : empty();
+    o.src_aliased = true;
+  } else if (blk[0] >= 0) {
     const int64_t N = f.src.size(0), w = f.src.size(1) * f.src.size(2);
     const at::Tensor buf = at::empty({N, 3 * w}, f.src.options());
     auto block = [&](int64_t b) { return buf.narrow(1, b * w, w).view(f.src.sizes()); };
@@ -510,7 +544,7 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
 }
 
 std::vector<at::Tensor> attention_bwd(DFGNN_BWD_PARAMS) {
-  return attention_bwd_impl(DFGNN_BWD_ARGS, false, false);
+  return attention_bwd_impl(DFGNN_BWD_ARGS, false, false, false);
 }
 
 // attention_bwd, except that dot attention's q / k / v given as the column
@@ -519,7 +553,7 @@ std::vector<at::Tensor> attention_bwd(DFGNN_BWD_PARAMS) {
 // caller, the Transformer layer's projection node, then runs its GEMMs on that
 // buffer without concatenating; the custom op keeps distinct outputs).
 std::vector<at::Tensor> attention_bwd_blocks(DFGNN_BWD_PARAMS) {
-  return attention_bwd_impl(DFGNN_BWD_ARGS, false, true);
+  return attention_bwd_impl(DFGNN_BWD_ARGS, false, true, false);
 }
 
 // attention_bwd, except that where AGNN's kernels ran (keys given as the values,
@@ -531,7 +565,7 @@ std::vector<at::Tensor> attention_bwd_blocks(DFGNN_BWD_PARAMS) {
 // Where AGNN's kernels ran, a sixth output: sum_ij dS_ij s_ij over all edges
 // and heads (0-d, fp32), from which ops._AGNNPrologue takes beta's gradient.
 std::vector<at::Tensor> attention_bwd_folded(DFGNN_BWD_PARAMS) {
-  return attention_bwd_impl(DFGNN_BWD_ARGS, true, false);
+  return attention_bwd_impl(DFGNN_BWD_ARGS, true, false, false);
 }
 
 // The backward's column-pass mode for the whole process (forced_backward_mode):
@@ -615,12 +649,18 @@ std::vector<at::Tensor> layer_attention_bwd(int64_t kind, const LayerGraph& g,
                                             const optional<at::Tensor>& att,
                                             const at::Tensor& out, const at::Tensor& lse,
                                             const at::Tensor& grad_out, bool blocks = false,
-                                            bool fold = false) {
+                                            bool fold = false, bool inplace = false) {
   return attention_bwd_impl(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst,
                             src, val, c10::nullopt, att, g.scale, g.slope, g.p, g.seed, out, lse,
                             grad_out, g.sched, g.work, g.merge, g.t_work, g.t_merge, fold,
-                            blocks);
+                            blocks, inplace);
 }
+
+// Whether a layer op's backward may overwrite its own saved projections (the
+// attention's src / val, attention_bwd_impl's inplace): only where this
+// backward frees the graph (no retain_graph / create_graph), so that nothing
+// reads them again.  Outside a backward pass (no graph task) it says no.
+bool frees_graph() { return !torch::autograd::get_current_graph_task_keep_graph(); }
 
 // The graph as the autograd node keeps it: in its saved data, not as saved
 // variables (the graph cache's tensors may have been made under
@@ -893,13 +933,22 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
     const LayerGraph g = load_graph(ctx);
     phase.end();
+    // (where this backward frees the graph, d k / v are written over y's k / v
+    // blocks and d q copied over its q block after: y becomes d y, and the
+    // peak holds one [N, H W] gradient buffer instead of three)
     std::vector<at::Tensor> gs =
         layer_attention_bwd(2, g, block(y, 0, H, W), block(y, 1, H, W),
                             block(y, 2, H, W), {}, saved_heads(s[4], H, W), s[5], g3,
-                            /*blocks=*/true);
-    // d q / k / v: the column blocks of one buffer [N, 3 H W] (qkv_blocks), else joined
+                            /*blocks=*/true, /*fold=*/false, /*inplace=*/frees_graph());
+    // d q / k / v: the column blocks of one buffer [N, 3 H W] (qkv_blocks, or y
+    // itself), else joined
     const int64_t w = H * W;
-    const at::Tensor &dq = gs[0], &dk = gs[1], &dv = gs[2];
+    const at::Tensor &dk = gs[1], &dv = gs[2];
+    if (N > 0 && dk.data_ptr() == y.narrow(1, w, w).data_ptr()) {
+      y.narrow(1, 0, w).view({N, H, W}).copy_(gs[0]);
+      gs[0] = block(y, 0, H, W);
+    }
+    const at::Tensor& dq = gs[0];
     const int64_t es = (int64_t)dq.element_size();
     const bool one = N > 0 && dq.stride(0) == 3 * w && dk.stride(0) == 3 * w &&
                      dv.stride(0) == 3 * w &&
@@ -1064,9 +1113,10 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
     }
     at::Tensor g3 = g2.view({N, H, C});
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
+    // (with its own x_r, where this backward frees the graph: d x_l written over x_l)
     std::vector<at::Tensor> gs =
         layer_attention_bwd(1, load_graph(ctx), xr, xl, {}, s[5], saved_heads(s[6], H, W), s[7],
-                            g3);
+                            g3, false, false, has_wr && frees_graph());
     // gs: d x_r, d x_l, (value), (edge), d att [H, W]
     if (needs(5)) {
       const at::Tensor da = W == C ? gs[4] : gs[4].narrow(1, 0, C);

@@ -194,3 +194,22 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
 _padded.GPU_BOUND_ELEMENTS = 1 << 22
 torch.cuda.synchronize()
 print("sanitizer smoke: done")
+# the Transformer's and GATv2's layer ops, whose backward writes the source-side
+# gradients over their own saved projections (cuda/dfgnn_ops.cpp: src_in_place),
+# in both column-pass modes, with split rows / columns, on GPU-bound calls (the
+# layers project into the kernels' width) and a head over two feature tiles
+# (1 x 512: the recomputing pass writes to a buffer of its own)
+from pyg_dfgnn.nn import GATv2Conv, TransformerConv, _padded  # noqa: E402
+_padded.GPU_BOUND_ELEMENTS = 0
+for mode in ("store", "recompute"):
+    with ops.backward_mode(mode):
+        for cls in (TransformerConv, GATv2Conv):
+            for dtype in (torch.float32, torch.bfloat16):
+                for heads, ch in ((8, 10), (8, 19), (1, 512)):
+                    ei = random_graph(60, 60, 300, super_node=(400, 2)).cuda()
+                    conv = cls(16, ch, heads=heads).to("cuda", dtype)
+                    x = torch.randn(60, 16, device="cuda", dtype=dtype, requires_grad=True)
+                    for split in (None, 64):
+                        with schedule.override(split=split):
+                            out = conv(x, ei)
+                            out.backward(torch.randn_like(out))

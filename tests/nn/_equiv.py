@@ -448,6 +448,48 @@ def assert_layer_op_equals_several_ops(module, conv, x: Tensor, ei: Tensor, grad
             torch.testing.assert_close(g1[k], g0[k], rtol=0, atol=0, equal_nan=True, msg=k)
 
 
+def check_backward_over_saved_projections(cls: type, kw: Dict[str, Any], dtype: torch.dtype,
+                                          mode: str, node: str, kind: int, blocks: int,
+                                          monkeypatch) -> None:
+    """A layer op's backward that frees its graph writes the attention's
+    source-side gradients over the projections it saved (``dfgnn_ops.cpp``:
+    ``src_in_place``: the Transformer's d k / d v over k / v, GATv2's d x_l
+    over x_l).  On a GPU-bound call (the layer projects into the kernels'
+    width) in backward mode ``mode``: the gradients of ``x`` and of every
+    parameter equal, bit for bit, those of a backward of the same graph that
+    keeps it (``retain_graph``: nothing overwritten), run first; and the
+    backward's peak memory is lower by at least ``blocks`` - 1/2 of the
+    ``[N, H, W]`` projection blocks (model ``kind``'s kernel width W) it no
+    longer allocates (``blocks`` = 0: the gradients only)."""
+    from pyg_dfgnn.nn import _padded
+    from pyg_dfgnn.ops import backward_mode
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    conv, x, ei, grad = layer_op_case(cls, kw, dtype, train=False)
+    with backward_mode(mode):
+        out = conv(x, ei)
+        assert node in layer_op_node(out)
+
+        def backward(retain: bool):
+            conv.zero_grad(set_to_none=True)
+            x.grad = None
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out.backward(grad, retain_graph=retain)
+            torch.cuda.synchronize()
+            grads = {"x": x.grad, **{n: p.grad for n, p in conv.named_parameters()}}
+            return grads, torch.cuda.max_memory_allocated() - base
+
+        kept, peak_kept = backward(True)
+        freed, peak_freed = backward(False)
+    for k in kept:
+        torch.testing.assert_close(freed[k], kept[k], rtol=0, atol=0, msg=k)
+    from pyg_dfgnn.nn._padded import kernel_width
+    w = kernel_width(kw["out_channels"], x, kw["heads"], kind)
+    block = x.size(0) * kw["heads"] * w * x.element_size()
+    assert blocks == 0 or peak_freed <= peak_kept - (blocks - 0.5) * block, (peak_freed, peak_kept, block)
+
+
 def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],
                                    node: str, graphs: int = 4, params: bool = True) -> None:
     """A layer's one-op path (``node``) in fp32 on a PATTERN-like batch against

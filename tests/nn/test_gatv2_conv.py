@@ -7,7 +7,8 @@ from pyg_dfgnn.nn import GATv2Conv
 
 from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N,
                      assert_layer_op_equals_several_ops, check_core, check_equivalence,
-                     check_formats, check_layer_op_against_float64, check_layer_op_guards,
+                     check_backward_over_saved_projections, check_formats,
+                     check_layer_op_against_float64, check_layer_op_guards,
                      check_state_dict_round_trip,
                      dropout_runs, feats, layer_op_case, layer_op_equality_cases,
                      layer_op_node, random_edge_index)
@@ -119,6 +120,23 @@ def test_layer_op_against_float64(kw):
     weights, within 2x PyG's own fp32 error."""
     check_layer_op_against_float64(pyg_nn.GATv2Conv, GATv2Conv, dict(in_channels=F_IN, **kw),
                                    "Gatv2LayerFn")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["store", "recompute"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=8, out_channels=19),
+                                dict(heads=4, out_channels=64), dict(heads=1, out_channels=512)],
+                         ids=["8x10", "8x19", "4x64", "1x512"])
+def test_backward_over_saved_projections(kw, dtype, mode, monkeypatch, deterministic):
+    """A backward that frees the graph writes d x_l over x_l (the same
+    gradients as a backward that keeps it, 1 [N, H, W] block less
+    memory), except where a recomputing column pass splits a head over two
+    feature tiles (1 x 512): there the gradients go to a buffer of their own."""
+    blocks = 0 if mode == "recompute" and kw["out_channels"] == 512 else 1
+    check_backward_over_saved_projections(GATv2Conv, kw, dtype, mode, "Gatv2LayerFn", 1, blocks,
+                                          monkeypatch)
 
 
 @pytest.mark.cuda
