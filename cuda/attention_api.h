@@ -41,7 +41,9 @@ struct Sched {
 };
 
 struct FwdOut { at::Tensor out, lse, alpha; };
-struct BwdIn { at::Tensor out, lse, grad_out; };
+// (delta: <dO_i, O_i> [N_dst, H] fp32 where the caller computed it -- then
+// out may be undefined (GAT excepted); see Params::delta_in)
+struct BwdIn { at::Tensor out, lse, grad_out, delta; };
 struct BwdOut {
   at::Tensor d_dst, d_src, d_val, d_edge, d_att;
   // AGNN's kernels: with want_score_sum, score_sum gets the row pass's fp32
@@ -66,6 +68,10 @@ void bwd_agnn(const GraphArgs&, const FeatArgs&, const Sched&, const BwdIn&, Bwd
 // pass (attention_agnn.cu; dfgnn_C::attention_bwd_folded); false (nothing
 // done) for layouts or dtypes it does not take
 bool agnn_fold_grads(const FeatArgs&, BwdOut&);
+// Delta_i = <dO_i, out_i - sub_i> [N, H] fp32 (BwdIn::delta) from dout [N, H,
+// >= C], out [N, H, C] and sub [N or broadcast, H, C] (or undefined), rows of
+// any stride, each head's features contiguous (attention_dot.cu)
+at::Tensor row_delta(const at::Tensor& dout, const at::Tensor& out, const at::Tensor& sub);
 // AGNN's prologue (ops._agnn_prologue): (q [num_dst, 1, F], c [N, 1], n [N, 1])
 // from x [N, F] and the one-element beta (attention_agnn.cu; dfgnn_C::agnn_prologue)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_prologue(const at::Tensor& x,

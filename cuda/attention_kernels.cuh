@@ -364,6 +364,10 @@ struct Params {
   float *part_acc, *part_m, *part_l;  // split-row partials [S, H, F] / [S, H]
   // backward
   const T* dout; const T* o; const float* lse_in; const float* lse_l_in;
+  // Delta_i = <dO_i, O_i> per (row, head) [N, H] fp32 where the caller computed
+  // it (a layer op that saved its output, not the attention's: row_delta in
+  // pad_heads.cu), else null and the row pass takes it from o
+  const float* delta_in;
   float* ds; float* pd;                // per edge [E, H] (CSR order), stored mode
                                        // (bf16 inputs: one array of bf16 pairs: kPackedEdges)
   float* delta;                        // Delta_i the row pass used [N, H], recompute mode
@@ -1233,7 +1237,9 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
   // themselves).  An exact fp32 recomputation (sum_j alpha_ij dP_ij) cost a
   // second sweep over the row's edges and made bf16 backward slower than fp32.
   float delta;
-  {
+  if (p.delta_in) {
+    delta = p.delta_in[row * p.H + h];
+  } else {
     float o[kChunks<VEC>][kW<VEC>];
     const T* o_row = p.o + (row * p.H + h) * F;
     load_tile<T, VEC>(ft, o_row, o);
@@ -1819,7 +1825,7 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
 // Nothing per edge is stored (bwd_gat_atomic in attention_launch.cuh).  The
 // column pass (kColAtomic) gathers dO_i once per edge, as emit-dP does, and
 // forms dS_ij = alpha_ij (keep_ij dP_ij - D_i) with D_i = <dO_i, O_i> taken
-// before it (gat_delta_kernel).  It sums d_val and d_src[j] = sum_i dS_ij
+// before it (row_delta_kernel).  It sums d_val and d_src[j] = sum_i dS_ij
 // LeakyReLU'(z_ij) over its own column and adds per edge, with one 16-byte
 // atomic into the destination row's fp32 sums, where LeakyReLU'(z_ij) != 1
 // d_dst's centred term dS_ij (LeakyReLU' - 1) and alpha_ij (LeakyReLU' - 1),
@@ -1838,14 +1844,18 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
 // leave open (not bit-reproducible; torch.use_deterministic_algorithms takes
 // the stored mode).
 
-// D_i = <dO_i, O_i> per (row, head), O = out - bias in fp32 from the stored
-// output in the caller's width C (the padding columns of O are zero); 8 lanes
-// per (row, head).  Written as the 4th of the row's sums {0, 0, 0, D_i}, whose
-// other three the column pass then accumulates (so they need no memset).
+// D_i = <dO_i, O_i> per (row, head), O = out - sub in fp32 from a stored
+// output in the caller's width C (the padding columns of O are zero): sub is
+// GAT's or GATv2's output bias (row stride 0), the Transformer's skip
+// projection x W_s^T + b_s, or none; 8 lanes per (row, head).  GAT's atomic
+// mode takes it as the 4th of the row's sums {0, 0, 0, D_i} (acc), whose other
+// three the column pass then accumulates (so they need no memset); a layer op
+// as the row pass's Delta (delta: Params::delta_in, row_delta).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) gat_delta_kernel(
+__global__ void __launch_bounds__(kThreads) row_delta_kernel(
     int64_t NH, int64_t H, int64_t C, const T* dout, int64_t sd0, int64_t sd1, const T* out,
-    int64_t so0, int64_t so1, const T* bias, int64_t ldb, float4* acc) {
+    int64_t so0, int64_t so1, const T* sub, int64_t ss0, int64_t ss1, float4* acc,
+    float* delta) {
   constexpr int L = 8;
   const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / L;
   const int lane = threadIdx.x & (L - 1);
@@ -1854,7 +1864,7 @@ __global__ void __launch_bounds__(kThreads) gat_delta_kernel(
     const int64_t i = r / H, h = r % H;
     const T* d = dout + i * sd0 + h * sd1;
     const T* o = out + i * so0 + h * so1;
-    const T* b = bias ? bias + h * ldb : nullptr;
+    const T* b = sub ? sub + i * ss0 + h * ss1 : nullptr;
     for (int64_t f = lane; f < C; f += L) {
       float ov = to_f(o[f]);
       if (b) ov -= to_f(b[f]);
@@ -1863,7 +1873,10 @@ __global__ void __launch_bounds__(kThreads) gat_delta_kernel(
   }
 #pragma unroll
   for (int k = L / 2; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k, L);
-  if (r < NH && lane == 0) acc[r] = make_float4(0.f, 0.f, 0.f, s);
+  if (r < NH && lane == 0) {
+    if (acc) acc[r] = make_float4(0.f, 0.f, 0.f, s);
+    else delta[r] = s;
+  }
 }
 
 // After the column pass, per (destination row, head): eps_i = D_i - X_i

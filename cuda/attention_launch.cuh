@@ -351,7 +351,7 @@ void bwd_gat_single_gather(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t 
 }
 
 // GAT's backward with nothing stored per edge (see bwd_col_kernel's kColAtomic,
-// gat_delta_kernel, bwd_gat_eps_kernel, bwd_gat_src_kernel): D = <dO, O>, the column pass
+// row_delta_kernel, bwd_gat_eps_kernel, bwd_gat_src_kernel): D = <dO, O>, the column pass
 // (d_val, d_src before its correction, the destination rows' sums by atomics),
 // eps and d_dst per row, d_src's correction per column.  Used without edge
 // features (whose per-edge gradient would need dS again) where the caller
@@ -370,10 +370,10 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
   const at::Tensor bias = fa.att.defined() ? fa.att.reshape({H, -1}).contiguous() : at::Tensor();
   if (NH > 0) {
     const int64_t threads = NH * 8;
-    gat_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+    row_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
         NH, H, out.size(2), cptr<T>(dout), dout.stride(0), dout.stride(1), cptr<T>(out),
-        out.stride(0), out.stride(1), cptr<T>(bias), bias.defined() ? bias.size(1) : 0,
-        reinterpret_cast<float4*>(p.gat_acc));
+        out.stride(0), out.stride(1), cptr<T>(bias), 0, bias.defined() ? bias.size(1) : 0,
+        reinterpret_cast<float4*>(p.gat_acc), nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // d_src before its correction, fp32 (fp32 inputs: d_src itself)
@@ -404,7 +404,8 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   const int64_t Nd = gr.rowptr.numel() - 1, Ns = gr.t_rowptr.numel() - 1;
   p.dout = cptr<T>(bi.grad_out); p.o = cptr<T>(bi.out); p.lse_in = cptr<float>(bi.lse);
   p.lse_l_in = p.lse_in ? p.lse_in + Nd * p.H : nullptr;
-  auto fo = bi.out.options().dtype(at::kFloat);
+  p.delta_in = cptr<float>(bi.delta);
+  auto fo = bi.grad_out.options().dtype(at::kFloat);
   // for the column pass: the Delta_i of each (row, head) the row pass used
   // (recompute mode) or g and alpha~ per edge (stored mode)
   const int64_t E = gr.col.numel();

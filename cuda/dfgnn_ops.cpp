@@ -452,16 +452,25 @@ bool src_in_place(int64_t kind, bool agnn, const FeatArgs& f, const at::Tensor& 
 // backward that frees its graph), so where the kernels read them as they are
 // (no padded or aligned copy), d_src and d_val are written over them -- see
 // src_in_place -- and d_dst comes back in a new contiguous buffer)
+// delta: <dO_i, O_i> [N_dst, H] fp32 where the caller computed it (row_delta;
+// not GAT), and then out may be undefined.
 std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blocks,
-                                           bool inplace) {
+                                           bool inplace, const at::Tensor& delta = {}) {
   Phases phase;
   phase("dfgnn::attention_bwd::args");
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, false);
   Sched s = sched_args(sched, work, merge, t_work, t_merge);
-  TORCH_CHECK(grad_out.sizes() == out.sizes() && grad_out.scalar_type() == out.scalar_type(),
+  TORCH_CHECK(out.defined() ? grad_out.sizes() == out.sizes() &&
+                                  grad_out.scalar_type() == out.scalar_type()
+                              : kind != 0 && delta.defined(),
               "pyg_dfgnn: grad_out must match out");
+  TORCH_CHECK(!delta.defined() ||
+                  (delta.dim() == 2 && delta.size(0) == rowptr.numel() - 1 &&
+                   delta.size(1) == grad_out.size(1) && delta.is_contiguous() &&
+                   delta.scalar_type() == at::kFloat),
+              "pyg_dfgnn: internal error: delta must be float32 [num_dst, heads]");
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == 2 && lse.size(1) == rowptr.numel() - 1 &&
                   lse.scalar_type() == at::kFloat,
               "pyg_dfgnn: lse must be float32 [2, num_dst, heads] (row max, log sum)");
@@ -469,11 +478,12 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   at::Tensor unscaled;
   const bool agnn = key_scale_route(kind, f, unscaled);
   check_cuda(out, "out", src.device());
+  check_cuda(delta, "delta", src.device());
   check_cuda(lse, "lse", src.device());
   check_cuda(grad_out, "grad_out", src.device());
   // (GAT: out as it is; its single-gather backward does not read it, the
   // other path pads it itself: attention_launch.cuh, bwd_impl)
-  BwdIn bi{out, lse, grad_out};
+  BwdIn bi{out, lse, grad_out, delta};
   const Layout lay = fit_features(kind, f, kind == 0 ? nullptr : &bi.out, &bi.grad_out);
   BwdOut o;
   phase("dfgnn::attention_bwd::outputs");
@@ -649,11 +659,12 @@ std::vector<at::Tensor> layer_attention_bwd(int64_t kind, const LayerGraph& g,
                                             const optional<at::Tensor>& att,
                                             const at::Tensor& out, const at::Tensor& lse,
                                             const at::Tensor& grad_out, bool blocks = false,
-                                            bool fold = false, bool inplace = false) {
+                                            bool fold = false, bool inplace = false,
+                                            const at::Tensor& delta = {}) {
   return attention_bwd_impl(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst,
                             src, val, c10::nullopt, att, g.scale, g.slope, g.p, g.seed, out, lse,
                             grad_out, g.sched, g.work, g.merge, g.t_work, g.t_merge, fold,
-                            blocks, inplace);
+                            blocks, inplace, delta);
 }
 
 // Whether a layer op's backward may overwrite its own saved projections (the
@@ -839,6 +850,24 @@ at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
       gat_layer_forward(x, w, att_src, att_dst, bias, DFGNN_LAYER_GRAPH(1.0, slope)).out);
 }
 
+// How a layer op's backward gets Delta_i = <dO_i, O_i> (its saved_data
+// "delta"): kOutIsAttn, the output is the attention output (read by the row
+// pass); kAttnSaved, the attention output is saved besides the output (read by
+// the row pass); kFromOutput, from the output less the skip or bias (row_delta,
+// before the attention backward).  The attention output is saved besides at
+// heads of kWideHeadBytes or more: there the node tensors outweigh the per-edge
+// arrays, and the Delta pass (the Transformer's skip GEMM again, three [N, H,
+// C] reads) cost 5-7 % of the Transformer's 4 x 64 forward+backward on the
+// 100k graphs (H100, docs/KERNELS.md, session 33).
+enum DeltaSource : int64_t { kFromOutput = 0, kOutIsAttn = 1, kAttnSaved = 2 };
+constexpr int64_t kWideHeadBytes = 128;
+
+DeltaSource delta_source(const at::Tensor& out, const at::Tensor& attn) {
+  if (out.is_same(attn)) return kOutIsAttn;
+  return attn.size(2) * (int64_t)attn.element_size() >= kWideHeadBytes ? kAttnSaved
+                                                                       : kFromOutput;
+}
+
 // ---------------------------------------------------------- Transformer layer
 // TransformerConv (dfgnn_C::transformer_layer; concatenated heads, no beta, no
 // edge features): q / k / v as the column blocks of one GEMM with the weights
@@ -878,11 +907,19 @@ at::Tensor transformer_layer_nograd(const at::Tensor& x, at::TensorList ws, at::
                    C);
 }
 
-// saved variables: x, the stacked padded q / k / v weight, the skip weight (or
-// an undefined tensor: no root weight), the projection output y [N, 3 H W],
-// the attention output [N, H, W] (or the output, where it is that tensor),
-// lse.  Its output: [N, H * C] (flat_alias), the attention output's first C
-// columns (+ the skip).
+// saved variables: x, the stacked padded q / k / v weight, the skip weight and
+// bias (or undefined tensors), the projection output y [N, 3 H W], the output
+// (flat), lse, the attention output [N, H, W] where it is saved besides
+// (kAttnSaved; else undefined).  Its output: [N, H * C] (flat_alias), the
+// attention output's first C columns (+ the skip).  At narrow heads the
+// attention output is not kept where it is not the output (a skip, or padded
+// heads: kFromOutput): the backward takes Delta_i = <dO_i, O_i> from the
+// output less the skip, recomputed (row_delta), one [N, H, W] tensor less from
+// the forward to the attention backward; O's padded columns are zero (so are
+// v's), and out - skip is O to one rounding of the output's magnitude, as
+// GAT's out - bias (attention_launch.cuh).  The row pass re-sweeps a nearly
+// saturated row with the exact Delta, so that rounding is not amplified there
+// (attention_kernels.cuh, bwd_row_item).
 struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wq,
                                const optional<at::Tensor>& bq, const at::Tensor& wk,
@@ -908,10 +945,12 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
       out = out.contiguous();
     }
     const at::Tensor flat = flat_alias(out);
-    ctx->save_for_backward({x, wp, opt(ws), y, out.is_same(attn) ? flat : attn, lse});
+    const DeltaSource ds = delta_source(out, attn);
+    ctx->save_for_backward(
+        {x, wp, opt(ws), opt(bs), y, flat, lse, ds == kAttnSaved ? attn : at::Tensor()});
     save_graph(ctx, *g);
     ctx->saved_data["dims"] = std::vector<int64_t>{H, C, W, gemv, has_b, ws.has_value(),
-                                                   bs.has_value()};
+                                                   bs.has_value(), ds};
     return {flat};
   }
 
@@ -921,10 +960,12 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     Phases phase;
     phase("dfgnn::transformer_layer_backward::inputs");
     const variable_list s = ctx->get_saved_variables();
-    const at::Tensor &x = s[0], &wp = s[1], &ws = s[2], &y = s[3];   // (ws: or undefined)
+    // (ws, bs: or undefined)
+    const at::Tensor &x = s[0], &wp = s[1], &ws = s[2], &bs = s[3], &y = s[4], &out = s[5];
     const std::vector<int64_t> d = ctx->saved_data["dims"].toIntVector();
     const int64_t H = d[0], C = d[1], W = d[2], N = x.size(0);
     const bool gemv = d[3] != 0, has_b = d[4] != 0, has_ws = d[5] != 0, has_bs = d[6] != 0;
+    const int64_t ds = d[7];   // (DeltaSource)
     // (arguments x, wq, bq, wk, bk, wv, bv, ws, bs)
     const InputGrads needs(ctx, {true, true, has_b, true, has_b, true, has_b, has_ws, has_bs});
     // (the output's gradient: the skip's, and the attention output's first C columns')
@@ -932,14 +973,25 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     at::Tensor g3 = g2.view({N, H, C});
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
     const LayerGraph g = load_graph(ctx);
+    // Delta from the output (less the skip, recomputed) where it is not the
+    // attention output
+    at::Tensor delta;
+    if (ds == kFromOutput) {
+      phase("dfgnn::transformer_layer_backward::delta");
+      at::Tensor skip;
+      if (has_ws)
+        skip = (has_bs ? at::addmm(bs, x, ws.t()) : at::mm(x, ws.t())).view({N, H, C});
+      delta = row_delta(g3, out.view({N, H, C}), skip);
+    }
     phase.end();
     // (where this backward frees the graph, d k / v are written over y's k / v
     // blocks and d q copied over its q block after: y becomes d y, and the
     // peak holds one [N, H W] gradient buffer instead of three)
-    std::vector<at::Tensor> gs =
-        layer_attention_bwd(2, g, block(y, 0, H, W), block(y, 1, H, W),
-                            block(y, 2, H, W), {}, saved_heads(s[4], H, W), s[5], g3,
-                            /*blocks=*/true, /*fold=*/false, /*inplace=*/frees_graph());
+    std::vector<at::Tensor> gs = layer_attention_bwd(
+        2, g, block(y, 0, H, W), block(y, 1, H, W), block(y, 2, H, W), {},
+        ds == kOutIsAttn ? saved_heads(out, H, W) : s[7], s[6], g3,
+        /*blocks=*/true, /*fold=*/false, /*inplace=*/frees_graph(), delta);
+    g3 = at::Tensor();   // (a padded copy: not needed past the attention backward)
     // d q / k / v: the column blocks of one buffer [N, 3 H W] (qkv_blocks, or y
     // itself), else joined
     const int64_t w = H * W;
@@ -1071,9 +1123,13 @@ at::Tensor gatv2_epilogue(const at::Tensor& out, const optional<at::Tensor>& bia
 }
 
 // saved variables: x, the padded weights (W_r: or undefined, shared), x_l, x_r
-// (undefined when shared), att padded, the attention output (or the output,
-// where it is that tensor), lse.  Its output: [N, H * C] (gatv2_epilogue's
-// [N, H, C] as flat_alias)
+// (undefined when shared), att padded, the output (flat), lse, the bias (or
+// undefined), the attention output where it is saved besides (kAttnSaved;
+// else undefined).  Its output: [N, H * C] (gatv2_epilogue's [N, H, C] as
+// flat_alias).  At narrow heads, where the output is not the attention output
+// (a bias, or padded heads: kFromOutput), the backward takes Delta from the
+// output less the bias (row_delta), as the Transformer's (above) and GAT's
+// (attention_launch.cuh).
 struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wl,
                                const optional<at::Tensor>& bl, const optional<at::Tensor>& wr,
@@ -1083,12 +1139,14 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
     Gatv2Fwd f = gatv2_forward(x, wl, bl, wr, br, att, *g, H, C, W);
     const at::Tensor out = gatv2_epilogue(f.out, bias, C);
     const at::Tensor flat = flat_alias(out);
+    const DeltaSource ds = delta_source(out, f.out);
     ctx->save_for_backward({x, f.wlp, f.wrp, f.xl, wr.has_value() ? f.xr : at::Tensor(),
-                            f.attp, out.is_same(f.out) ? flat : f.out, f.lse});
+                            f.attp, flat, f.lse, opt(bias),
+                            ds == kAttnSaved ? f.out : at::Tensor()});
     save_graph(ctx, *g);
     ctx->saved_data["dims"] = std::vector<int64_t>{
         H, C, W, gemv_proj, gemv_bias, bl.has_value(), wr.has_value(), br.has_value(),
-        bias.has_value(), att.dim()};
+        bias.has_value(), att.dim(), ds};
     return {flat};
   }
 
@@ -1114,26 +1172,32 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
     at::Tensor g3 = g2.view({N, H, C});
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
     // (with its own x_r, where this backward frees the graph: d x_l written over x_l)
-    std::vector<at::Tensor> gs =
-        layer_attention_bwd(1, load_graph(ctx), xr, xl, {}, s[5], saved_heads(s[6], H, W), s[7],
-                            g3, false, false, has_wr && frees_graph());
+    at::Tensor delta;
+    if (d[10] == kFromOutput) {
+      const at::Tensor b = d[8] ? s[8].view({1, H, C}).expand({N, H, C}) : at::Tensor();
+      delta = row_delta(g3, s[6].view({N, H, C}), b);
+    }
+    std::vector<at::Tensor> gs = layer_attention_bwd(
+        1, load_graph(ctx), xr, xl, {}, s[5], d[10] == kOutIsAttn ? saved_heads(s[6], H, W) : s[9],
+        s[7], g3, false, false, has_wr && frees_graph(), delta);
     // gs: d x_r, d x_l, (value), (edge), d att [H, W]
     if (needs(5)) {
       const at::Tensor da = W == C ? gs[4] : gs[4].narrow(1, 0, C);
       r[5] = d[9] == 3 ? da.unsqueeze(0) : da;
     }
+    g3 = at::Tensor();   // (a padded copy: not needed past the attention backward)
     const at::Tensor dl = has_wr ? gs[1] : gs[1] + gs[0];   // (shared: x_r is x_l)
+    // the input's gradient summed in place by the second GEMM (no [N, in]
+    // temporaries besides it)
+    at::Tensor dx;
     auto proj = [&](const at::Tensor& dp, const at::Tensor& wp, int iw, int ib) {
       const at::Tensor d2 = dp.view({N, H * W});
       if (needs(iw)) r[iw] = unpad_rows(at::mm(d2.t(), x), H, C, W);
       if (needs(ib)) r[ib] = unpad_rows(column_sum(d2, gemv_proj), H, C, W);
-      return needs(0) ? at::mm(d2, wp) : at::Tensor();
+      if (needs(0)) dx = dx.defined() ? dx.addmm_(d2, wp) : at::mm(d2, wp);
     };
-    at::Tensor dx = proj(dl, wlp, 1, 2);
-    if (has_wr) {
-      const at::Tensor dxr = proj(gs[0], wrp, 3, 4);
-      if (needs(0)) dx = dxr + dx;
-    }
+    proj(dl, wlp, 1, 2);
+    if (has_wr) proj(gs[0], wrp, 3, 4);
     r[0] = dx;
     return r;
   }
