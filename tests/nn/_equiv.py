@@ -476,7 +476,9 @@ def check_backward_over_saved_projections(cls: type, kw: Dict[str, Any], dtype: 
     keeps it (``retain_graph``: nothing overwritten), run first; and the
     backward's peak memory is lower by at least ``blocks`` - 1/2 of the
     ``[N, H, W]`` projection blocks (model ``kind``'s kernel width W) it no
-    longer allocates (``blocks`` = 0: the gradients only).  Between forward
+    longer allocates (not checked for a recomputing column pass at heads of
+    512, which may split a head over two feature tiles and then write the
+    gradients to a buffer of its own).  Between forward
     and backward the layer holds its ``kept`` projection blocks, its output
     and the softmax statistics, and the attention output besides only where
     its heads take 128 bytes or more (elsewhere the backward's Delta comes from
@@ -484,6 +486,8 @@ def check_backward_over_saved_projections(cls: type, kw: Dict[str, Any], dtype: 
     from pyg_dfgnn.nn import _padded
     from pyg_dfgnn.ops import backward_mode
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    if mode == "recompute" and kw["out_channels"] >= 512:
+        blocks = 0
     conv, x, ei, grad = layer_op_case(cls, kw, dtype, train=False)
     from pyg_dfgnn.nn._padded import kernel_width
     w = kernel_width(kw["out_channels"], x, kw["heads"], kind)
@@ -520,6 +524,24 @@ def check_backward_over_saved_projections(cls: type, kw: Dict[str, Any], dtype: 
         torch.testing.assert_close(freed[k], kept_grads[k], rtol=0, atol=0, msg=k)
     assert blocks == 0 or peak_freed <= peak_kept - (blocks - 0.5) * block, \
         (peak_freed, peak_kept, block)
+
+
+def saved_projection_cases(fn):
+    """The cases of a layer's ``test_backward_over_saved_projections`` (CUDA
+    only): both column-pass modes, fp32 and bf16, narrow, padded, wide and
+    two-tile heads."""
+    marks = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU"),
+             pytest.mark.parametrize("mode", ["store", "recompute"]),
+             pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16],
+                                     ids=["fp32", "bf16"]),
+             pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10),
+                                            dict(heads=8, out_channels=19),
+                                            dict(heads=4, out_channels=64),
+                                            dict(heads=1, out_channels=512)],
+                                     ids=["8x10", "8x19", "4x64", "1x512"])]
+    for m in reversed(marks):
+        fn = m(fn)
+    return fn
 
 
 def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],

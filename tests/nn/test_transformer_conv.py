@@ -11,7 +11,8 @@ from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N,
                      check_layer_op_against_float64, check_layer_op_guards,
                      check_state_dict_round_trip,
                      dropout_runs, feats, layer_op_case, layer_op_equality_cases,
-                     layer_op_node, make_adj, random_edge_index)
+                     layer_op_node, make_adj, random_edge_index,
+                     saved_projection_cases)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -201,13 +202,7 @@ def test_layer_op_against_float64(kw):
                                    dict(in_channels=F_IN, **kw), "TransformerLayerFn")
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", ["store", "recompute"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=8, out_channels=19),
-                                dict(heads=4, out_channels=64), dict(heads=1, out_channels=512)],
-                         ids=["8x10", "8x19", "4x64", "1x512"])
+@saved_projection_cases
 def test_backward_over_saved_projections(kw, dtype, mode, monkeypatch, deterministic):
     """A backward that frees the graph writes d k / d v over k / v (the same
     gradients as a backward that keeps it, 2 [N, H, W] blocks less
@@ -216,9 +211,8 @@ def test_backward_over_saved_projections(kw, dtype, mode, monkeypatch, determini
     Between forward and backward it holds its projections, output and softmax
     statistics, and the attention output besides only at heads of 128 bytes or
     more (4 x 64, 1 x 512)."""
-    blocks = 0 if mode == "recompute" and kw["out_channels"] == 512 else 2
     check_backward_over_saved_projections(TransformerConv, kw, dtype, mode,
-                                          "TransformerLayerFn", 2, blocks, 3, monkeypatch)
+                                          "TransformerLayerFn", 2, 2, 3, monkeypatch)
 
 
 @pytest.mark.cuda
