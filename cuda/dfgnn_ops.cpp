@@ -601,7 +601,10 @@ int64_t get_backward_mode() { return forced_backward_mode().load(); }
 // docs/KERNELS.md, session 30).  Each backward
 // uses the formulas of the layer's path of several ops (autograd's mm / addmm,
 // nn/_glue.py), so the two agree bit for bit under
-// torch.use_deterministic_algorithms.  Inputs were validated in Python (the
+// torch.use_deterministic_algorithms -- except where the Transformer's and
+// GATv2's ops take Delta from the output (kFromOutput, heads under 128 bytes:
+// their gradients within a few roundings) and GATv2's input gradient, summed
+// by the second GEMM in place.  Inputs were validated in Python (the
 // checks below guard the kernels only).
 
 using torch::autograd::AutogradContext;

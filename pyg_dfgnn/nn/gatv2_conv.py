@@ -57,7 +57,10 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         path of several ops computes (the same kernels and GEMMs in the width
         :func:`kernel_width` gives, the bias gradients summed alike) with a
         few host calls instead of about twenty-five (docs/KERNELS.md, session
-        30)."""
+        30).  Its backward writes x_l's gradient over the x_l it saved where
+        the graph is freed, and at heads under 128 bytes it keeps its output
+        instead of the attention output and takes the backward's Delta from the
+        output less the bias (memory: docs/KERNELS.md, session 33)."""
         if not self._layer_op_applies(LAYER_OP, x, edge_index):
             return None
         H, C = self.heads, self.out_channels

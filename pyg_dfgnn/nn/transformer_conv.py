@@ -102,7 +102,11 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         same kernels and GEMMs; q / k / v in the width :func:`kernel_width`
         gives, the skip as the GEMM's 4th block without autograd) with a few
         host calls instead of about thirty (host time: docs/KERNELS.md,
-        session 30)."""
+        session 30).  Its backward writes the key and value gradients over
+        the projections it saved where the graph is freed, and at heads under
+        128 bytes it keeps its output instead of the attention output and
+        takes the backward's Delta from the output less the skip (memory:
+        docs/KERNELS.md, session 33)."""
         if not self._layer_op_applies(LAYER_OP, x, edge_index):
             return None
         if not (self.concat and self.lin_beta is None and self.lin_edge is None):
