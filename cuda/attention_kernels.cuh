@@ -209,7 +209,13 @@ constexpr int64_t kL2Bytes = int64_t(16) << 20;
 // GAT's atomic mode (kColAtomic, see bwd_gat_atomic): as emit-dP, but dS from a
 // Delta taken before the pass, d_src summed here and the destination rows'
 // sums added atomically, so that nothing per edge is stored.
-enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2, kColAtomic = 3 };
+// Dot attention's alpha mode (kColAlpha, fp32 / fp16 heads under 128 bytes):
+// the row pass stores alpha per edge (fp32, E x H x 4 bytes: half the stored
+// mode's) and its Delta per row; this pass forms dP_ij = <dO_i, v_j> from the
+// rows it loads anyway (dO_i for d_val, v_j its own) and g, pd from them -- no
+// score and no exponential, unlike the recompute mode.
+enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2, kColAtomic = 3,
+                     kColAlpha = 4 };
 // In the atomic mode, the rows that take the exact Delta (bwd_gat_atomic):
 // those one edge dominates, alpha_max =
 // 1 / l_i > 1/2 (log l_i < log 2; the forward's lse_l), degree-1 rows among
@@ -235,7 +241,7 @@ template <int KIND, typename T, int MODE, int VEC> constexpr int kColBlocks =
     // spills, and fp32 at 2 blocks took 1.3x the time of 3; H200, session 26)
     MODE == kColAtomic ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 4)
                        : blocks_for(sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS,
-                                    MODE != kColStored ? 2 : 3, DFGNN_COL_BLOCKS, 2);
+                                    MODE == kColRecompute ? 2 : 3, DFGNN_COL_BLOCKS, 2);
 // resident blocks of GAT's scalar backward passes
 #ifndef DFGNN_SCALAR_BLOCKS
 #define DFGNN_SCALAR_BLOCKS 4
@@ -1290,9 +1296,11 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
           const int64_t eh = (b.base + t) * p.H + h;
           if constexpr (kPackedEdges<T>) {
             reinterpret_cast<uint32_t*>(p.ds)[eh] = pack_bf16x2(gv, pdv);
-          } else {
+          } else if (p.pd) {
             p.ds[eh] = gv;
             p.pd[eh] = pdv;
+          } else {   // dot attention's alpha mode (kColAlpha)
+            p.ds[eh] = alpha;
           }
         }
         if (KIND == GAT && p.d_edge) p.d_edge[b.eo[t] * p.H + h] = from_f<T>(gv);
@@ -1451,7 +1459,9 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
 // from memory (`wide`), as the row pass does.
 template <int KIND, typename T, typename I, int VEC, int MODE>
 __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_kernel(const Params<T, I> p) {
-  constexpr bool RECOMPUTE = MODE != kColStored;   // alpha recomputed here
+  constexpr bool ALPHA = MODE == kColAlpha;        // dot: alpha stored, dP formed here
+  constexpr bool RECOMPUTE = MODE != kColStored && !ALPHA;   // alpha recomputed here
+  static_assert(!ALPHA || KIND == DOT, "the alpha mode is dot attention's");
   constexpr bool EMIT = MODE == kColEmitDP;        // GAT: write alpha~ dP, leave g to the scalar passes
   constexpr bool ATOMIC = MODE == kColAtomic;      // GAT: d_src here, row sums atomically
   static_assert(!(EMIT || ATOMIC) || KIND == GAT, "emit-dP and atomic modes are GAT's");
@@ -1470,7 +1480,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   float vj[NC][kW<VEC>], kj[dot_like(KIND) ? NC : 1][kW<VEC>], at[KIND == GATV2 ? NC : 1][kW<VEC>];
   // the own row's operands: what the recomputed scores / dP need, and GATv2's
   // z_ij in either mode
-  if constexpr (RECOMPUTE || KIND == GATV2) load_tile<T, VEC>(ft, v_row, vj);
+  if constexpr (RECOMPUTE || ALPHA || KIND == GATV2) load_tile<T, VEC>(ft, v_row, vj);
   if constexpr (RECOMPUTE && dot_like(KIND)) load_tile<T, VEC>(ft, k_row, kj);
   if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * F, at);
   const float a_src = RECOMPUTE && KIND == GAT ? to_f(p.src[src * H + h]) : 0.f;
@@ -1502,6 +1512,11 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
 #pragma unroll
     for (int t = 0; t < B; ++t) {
       const bool ok = t < n;
+      if constexpr (ALPHA) {   // alpha (in gs) and the destination row's Delta
+        gs[t] = ok ? p.ds[(int64_t)cp[t] * H + h] : 0.f;
+        dl[t] = ok ? p.delta[(int64_t)i[t] * H + h] : 0.f;
+        continue;
+      }
       if constexpr (!RECOMPUTE) {
         const int64_t eh = (int64_t)cp[t] * H + h;
         if constexpr (kPackedEdges<T>) {
@@ -1553,6 +1568,11 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
       sp[t] = dp[t] = 0.f;
       if constexpr (KIND == GAT) {
         if constexpr (RECOMPUTE) dp[t] = tile_dot<T, VEC>(vj, o[t]);
+      } else if constexpr (ALPHA) {   // (no edge features in this mode)
+        dp[t] = tile_dot<T, VEC>(vj, o[t]);
+        if (ft.wide && ok)
+          dp[t] += pair_part<false, T, VEC>(g, p.dout + ((int64_t)i[t] * H + h) * F, v_row,
+                                            nullptr, nullptr, F, ft.f0, ft.hi, 0.f);
       } else if constexpr (RECOMPUTE) {
         float ev[NC][kW<VEC>];
         edge_tile<T, I, VEC>(p, ft, h, eo[t], ok, ev);
@@ -1595,11 +1615,19 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
         dp[t] = g.sum(dp[t]);
       }
     }
+    if constexpr (ALPHA) {
+#pragma unroll
+      for (int t = 0; t < B; ++t) dp[t] = g.sum(dp[t]);
+    }
     // recompute: alpha, dS, g and pd as the row pass computes them
 #pragma unroll
     for (int t = 0; t < B; ++t) {
       float gv, pdv;
-      if constexpr (!RECOMPUTE) {
+      if constexpr (ALPHA) {   // as the row pass forms them
+        const float kf = t < n ? keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h) : 0.f;
+        gv = gs[t] * (dp[t] * kf - dl[t]) * p.scale;
+        pdv = gs[t] * kf;
+      } else if constexpr (!RECOMPUTE) {
         gv = gs[t];
         pdv = ps[t];
       } else {

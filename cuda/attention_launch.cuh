@@ -396,6 +396,21 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
   gat_src_pass<T, I, true>(p, sc, cs.split, stream);
 }
 
+// Dot attention's alpha mode (kColAlpha, bwd_impl): on unless
+// PYG_DFGNN_ALPHA_MODE=0 (the stored mode's two arrays instead: for A/B runs
+// and the tests that compare the two)
+inline bool alpha_mode_on() {
+  const char* env = std::getenv("PYG_DFGNN_ALPHA_MODE");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+// the alpha mode's column pass (instantiated for dot attention in fp32 / fp16 only)
+template <int KIND, typename T, typename I, int VEC>
+void col_alpha(const Launch& l, const Params<T, I>& p, cudaStream_t stream) {
+  if constexpr (KIND == DOT && !kPackedEdges<T>)
+    bwd_col_kernel<KIND, T, I, VEC, kColAlpha><<<l.grid, kThreads, 0, stream>>>(p);
+}
+
 template <int KIND, typename T, typename I, int VEC>
 void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const BwdIn& bi,
               BwdOut& o) {
@@ -435,8 +450,14 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     }
   }
   // (after GAT's atomic mode, which needs no device statistics)
+  // dot attention's alpha mode (kColAlpha) where it stores: fp32 / fp16 heads
+  // under 128 bytes without edge features, where the stored mode's two arrays
+  // (E x H x 8 bytes) outweigh the heads
+  const bool alpha_ok = KIND == DOT && !kPackedEdges<T> && !fa.edge.defined() &&
+                        p.F * (int64_t)sizeof(T) < 128 && alpha_mode_on();
   const bool recompute =
-      E > 0 && recompute_backward(E * p.H * (gat_single || kPackedEdges<T> ? 4 : 8));
+      E > 0 && recompute_backward(E * p.H * (gat_single || kPackedEdges<T> || alpha_ok ? 4 : 8));
+  const bool alpha_mode = alpha_ok && !recompute;
   if constexpr (kSingle) {
     if (gat_single && !recompute) {
       ds = at::empty({E, p.H}, fo);
@@ -457,10 +478,14 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     o_full = o_full.contiguous();
     p.o = cptr<T>(o_full);
   }
-  if (recompute) {
+  if (recompute || alpha_mode) {
     delta = at::empty({std::max<int64_t>(Nd, 1), p.H}, fo);
     p.delta = delta.data_ptr<float>();
-  } else {
+  }
+  if (alpha_mode) {
+    ds = at::empty({E, p.H}, fo);
+    p.ds = mptr<float>(ds);
+  } else if (!recompute) {
     if constexpr (kPackedEdges<T>) {   // one array of (g, pd) bf16 pairs
       ds = at::empty({E, p.H}, fo.dtype(at::kInt));
       p.ds = reinterpret_cast<float*>(ds.data_ptr<int32_t>());
@@ -522,15 +547,18 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   // blocks, 480-580 B of spills at 3; H100, docs/KERNELS.md, session 22).  The
   // recomputing pass keeps the row pass's layout (its Delta must match).
   constexpr int VCOL = kWide<VEC> && sizeof(T) == 2 ? kW<VEC> : VEC;
-  if (VCOL != VEC && !recompute) p.G = choose_group(sc.group, p.F, VCOL, KIND);
-  l = launch_shape(p.num_items, p.H, p.F, p.G, recompute ? VEC : VCOL);
+  // (the recomputing and alpha passes keep the row pass's lane layout: their
+  // dP must match the row pass's Delta)
+  const bool own_layout = recompute || alpha_mode;
+  if (VCOL != VEC && !own_layout) p.G = choose_group(sc.group, p.F, VCOL, KIND);
+  l = launch_shape(p.num_items, p.H, p.F, p.G, own_layout ? VEC : VCOL);
   p.tile = l.tile;
   // d_src / d_val written over src / val (dfgnn_ops.cpp: src_in_place): a
   // recomputing launch column over one feature tile of several reads its own
   // column's other tiles while the other launch columns write theirs, so there
   // the gradients go to a buffer of their own, copied over afterwards
   at::Tensor own_src, own_val;
-  if (o.src_aliased && l.grid.y > 1 && recompute) {
+  if (o.src_aliased && l.grid.y > 1 && own_layout) {
     own_src = at::empty(o.d_src.sizes(), o.d_src.options());
     p.d_src = mptr<T>(own_src);
     p.ldg_src = p.H * p.F;
@@ -549,6 +577,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   }
   if (p.num_items > 0) {
     if (recompute) bwd_col_kernel<KIND, T, I, VEC, kColRecompute><<<l.grid, kThreads, 0, stream>>>(p);
+    else if (alpha_mode) col_alpha<KIND, T, I, VEC>(l, p, stream);
     else bwd_col_kernel<KIND, T, I, VCOL, kColStored><<<l.grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }

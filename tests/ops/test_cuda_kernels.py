@@ -397,6 +397,41 @@ def test_gat_backward_memory_and_determinism(kind, monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("feat,dtype,dropout,split", [(10, torch.float32, 0.0, None),
+                                                      (20, torch.float32, 0.3, 16),
+                                                      (8, torch.float16, 0.2, 16),
+                                                      (12, torch.float16, 0.0, None)])
+def test_alpha_mode_agrees_with_store(feat, dtype, dropout, split, monkeypatch):
+    """Dot attention's stored mode at heads under 128 bytes without edge
+    features keeps alpha only (kColAlpha: the column pass forms dP itself, on
+    the row pass's lane layout, and g from the row pass's Delta): its
+    gradients equal those of the two-array stored mode
+    (``PYG_DFGNN_ALPHA_MODE=0``) to 16 fp32 roundings of the largest gradient
+    (then one rounding to dtype), with dropout and split rows / columns, and
+    match the float64 reference; its backward keeps one [E, H] fp32 array and
+    the rows' Delta [N, H], not two [E, H] arrays."""
+    k = KINDS["dot"]
+    ei = random_graph(150, 150, 1500, super_node=(700, 5))
+    ei = torch.cat([ei, torch.stack([torch.full((500,), 7), torch.randint(0, 150, (500,))])], 1)
+    g = get_graph(ei.cuda(), (150, 150))
+    inp = make_inputs(k, 150, 150, ei.size(1), 3, feat, dtype, "cuda", False,
+                      torch.Generator().manual_seed(feat))
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
+    grads, extra = {}, {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", mode)
+        check("dot", ei, 150, 150, 3, feat, dtype, dropout=dropout, seed=feat, split=split)
+        grads[mode], gout = _seeded_grads(k, g, inp, dropout, split)
+        extra[mode] = _backward_extra(k, g, inp, gout)[0]
+    for n, (a, b) in enumerate(zip(grads["1"], grads["0"])):
+        tol = (16 * 2.0 ** -24 + _unit(dtype)) * b.abs().max().item()
+        torch.testing.assert_close(a, b, rtol=0, atol=tol, msg=str(n))
+    per_edge_array, delta = ei.size(1) * 3 * 4, 150 * 3 * 4
+    assert extra["0"] - extra["1"] >= per_edge_array - delta - 512, (extra, per_edge_array)
+
+
 def test_backward_mode_env_is_checked(monkeypatch):
     k = KINDS["dot"]
     ei = random_graph(20, 20, 100)
@@ -434,9 +469,10 @@ def test_backward_keeps_nothing_per_edge(kind, monkeypatch):
         f"{per_edge_array / 2**20:.1f} MiB")
     assert all(torch.isfinite(x).all() for x in grads)
     # the stored mode does keep its per-edge arrays (the measurement above can
-    # see them): g and pd, or GAT's one dP / g array
+    # see them): g and pd, GAT's one dP / g array, or dot attention's alpha
+    # (kColAlpha: fp32 heads of 8, no edge features)
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
-    arrays = 1 if k == R.GAT else 2
+    arrays = 1 if k in (R.GAT, R.DOT) else 2
     assert _backward_extra(k, g, inp, gout)[0] >= arrays * per_edge_array
 
 
