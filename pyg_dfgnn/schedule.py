@@ -356,17 +356,23 @@ def explain_schedule(graph: CSRGraph, kind: int = 0, feat: int = 64, heads: int 
         stats += f" median={q[0]:.0f} p99={q[1]:.0f}"
     return (f"{KIND_NAMES.get(kind, kind)} F={feat} H={heads} {dtype}: {stats}\n"
             f"  schedule: {plan.reason}\n"
-            f"  CUDA backward: {backward_path(kind, heads)}")
+            f"  CUDA backward: {backward_path(kind, heads, feat, dtype)}")
 
 
-def backward_path(kind: int, heads: int) -> str:
-    """The CUDA backward's passes for ``kind`` and ``heads``
-    (cuda/attention_launch.cuh: bwd_impl), in stored mode and in recompute
-    mode (:data:`pyg_dfgnn.ops.fused.BACKWARD_MODES`)."""
-    from .ops.reference import GAT
+def backward_path(kind: int, heads: int, feat: Optional[int] = None,
+                  dtype: Optional[torch.dtype] = None) -> str:
+    """The CUDA backward's passes for ``kind`` and ``heads`` (and the head
+    width ``feat`` in ``dtype``, where given) (cuda/attention_launch.cuh:
+    bwd_impl), in stored mode and in recompute mode
+    (:data:`pyg_dfgnn.ops.fused.BACKWARD_MODES`)."""
+    from .ops.reference import DOT, GAT
     if kind == GAT and heads <= 32:   # cuda/attention_launch.cuh: bwd_gat_single_gather
         stored = ("one feature gather per edge (column pass emitting alpha~ dP, then scalar "
                   "row and source passes; stored mode keeps E x H x 4 bytes)")
+    elif (kind == DOT and feat is not None and dtype in (torch.float32, torch.float16)
+          and feat * torch.finfo(dtype).bits // 8 < 128):   # kColAlpha
+        stored = ("row pass + column pass forming dP; stored mode keeps fp32 alpha per edge "
+                  "(E x H x 4 bytes; without edge features, else g and alpha~: E x H x 8)")
     else:
         stored = ("row pass + column pass; stored mode keeps fp32 g and alpha~ per edge "
                   "(E x H x 8 bytes)")

@@ -169,3 +169,16 @@ def test_auto_group_and_split():
     assert schedule.auto_group(128, torch.float32, kind=3) == 8    # AGNN's forward: 8 lanes x 4
     s = schedule.auto_split(1_400_000, 4, 8, torch.device("cpu"))
     assert schedule.MIN_SPLIT <= s <= schedule.MAX_SPLIT and s & (s - 1) == 0
+
+
+def test_backward_path_names_dot_attentions_alpha_mode():
+    """explain_schedule's backward line: dot attention's stored mode keeps alpha
+    alone at fp32 / fp16 heads under 128 bytes (cuda/attention_launch.cuh:
+    kColAlpha), g and alpha~ elsewhere."""
+    from pyg_dfgnn.ops.reference import DOT, GATV2
+    from pyg_dfgnn.schedule import backward_path
+    assert "alpha per edge (E x H x 4" in backward_path(DOT, 8, 10, torch.float32)
+    assert "alpha per edge (E x H x 4" in backward_path(DOT, 8, 19, torch.float16)
+    for args in ((DOT, 4, 64, torch.float32), (DOT, 8, 10, torch.bfloat16),
+                 (GATV2, 8, 10, torch.float32), (DOT, 8)):
+        assert "E x H x 8 bytes)" in backward_path(*args), args

@@ -36,7 +36,9 @@ _C_OPS: list = []
 #: the CUDA backward's column-pass modes (docs/KERNELS.md): ``store`` keeps each
 #: edge's alpha and dS (fp32, ``E x H x 8`` bytes while a layer's backward runs;
 #: GAT with up to 32 heads keeps one fp32 array, ``E x H x 4`` bytes, for its
-#: single-gather backward), ``recompute`` recomputes them from the row
+#: single-gather backward; dot attention at fp32 / fp16 heads under 128 bytes
+#: without edge features keeps alpha alone, ``E x H x 4`` bytes, and forms dS
+#: in the column pass), ``recompute`` recomputes them from the row
 #: statistics (nothing per edge, a slower column pass), ``auto`` stores unless
 #: that would take over a quarter of the device memory not yet allocated
 BACKWARD_MODES = ("store", "recompute", "auto")
