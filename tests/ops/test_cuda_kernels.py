@@ -183,13 +183,7 @@ def test_backward_modes_agree(kind, feat, dtype, dropout, split, monkeypatch):
     Delta: its gradients differ from the recompute mode's by the bound of
     :func:`_gat_delta_bounds`."""
     k = KINDS[kind]
-    ei = random_graph(150, 150, 1500, super_node=(700, 5))
-    ei = torch.cat([ei, torch.stack([torch.full((500,), 7), torch.randint(0, 150, (500,))])], 1)
-    g = get_graph(ei.cuda(), (150, 150))
-    inp = make_inputs(k, 150, 150, ei.size(1), 3, feat, dtype, "cuda", True,
-                      torch.Generator().manual_seed(feat))
-    for v in leaves(inp):
-        v.requires_grad_(True)
+    ei, g, inp = _modes_case(k, feat, dtype, edge=True)
     grads = {}
     for mode in ("store", "recompute"):
         monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
@@ -216,6 +210,21 @@ def test_backward_modes_agree(kind, feat, dtype, dropout, split, monkeypatch):
             # flip that intermediate rounding
             tol = tol + 2 * _unit(dtype) * b.abs().max().item()
         torch.testing.assert_close(a, b, rtol=0, atol=tol)
+
+
+def _modes_case(k, feat, dtype, edge):
+    """``(edge_index, graph, inputs requiring grad)`` of the backward-mode
+    comparisons: 150 nodes, a super node of 700 in-edges and a destination 7
+    with 500 more (split rows and columns under a forced split), 3 heads of
+    ``feat`` in ``dtype``, edge features where ``edge``."""
+    ei = random_graph(150, 150, 1500, super_node=(700, 5))
+    ei = torch.cat([ei, torch.stack([torch.full((500,), 7), torch.randint(0, 150, (500,))])], 1)
+    g = get_graph(ei.cuda(), (150, 150))
+    inp = make_inputs(k, 150, 150, ei.size(1), 3, feat, dtype, "cuda", edge,
+                      torch.Generator().manual_seed(feat))
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    return ei, g, inp
 
 
 def _seeded_grads(k, g, inp, dropout, split):
@@ -411,13 +420,7 @@ def test_alpha_mode_agrees_with_store(feat, dtype, dropout, split, monkeypatch):
     match the float64 reference; its backward keeps one [E, H] fp32 array and
     the rows' Delta [N, H], not two [E, H] arrays."""
     k = KINDS["dot"]
-    ei = random_graph(150, 150, 1500, super_node=(700, 5))
-    ei = torch.cat([ei, torch.stack([torch.full((500,), 7), torch.randint(0, 150, (500,))])], 1)
-    g = get_graph(ei.cuda(), (150, 150))
-    inp = make_inputs(k, 150, 150, ei.size(1), 3, feat, dtype, "cuda", False,
-                      torch.Generator().manual_seed(feat))
-    for v in leaves(inp):
-        v.requires_grad_(True)
+    ei, g, inp = _modes_case(k, feat, dtype, edge=False)
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
     grads, extra = {}, {}
     for mode in ("1", "0"):
