@@ -372,11 +372,11 @@ struct Params {
   const T* dout; const T* o; const float* lse_in; const float* lse_l_in;
   // Delta_i = <dO_i, O_i> per (row, head) [N, H] fp32 where the caller computed
   // it (a layer op that saved its output, not the attention's: row_delta in
-  // pad_heads.cu), else null and the row pass takes it from o
+  // attention_dot.cu), else null and the row pass takes it from o
   const float* delta_in;
   float* ds; float* pd;                // per edge [E, H] (CSR order), stored mode
                                        // (bf16 inputs: one array of bf16 pairs: kPackedEdges)
-  float* delta;                        // Delta_i the row pass used [N, H], recompute mode
+  float* delta;                        // Delta_i the row pass used [N, H] (recompute, alpha modes)
   // GAT's atomic mode (kColAtomic): per (destination row, head) [N_dst, H, 4]
   // fp32 sums over the row's edges (the exact Delta, d_dst's terms, the alpha
   // factor of its correction: one 16-byte atomic per edge) and D_i = <dO_i,

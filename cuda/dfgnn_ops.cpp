@@ -711,10 +711,6 @@ struct InputGrads {
   bool operator()(size_t i) const { return var[i] >= 0 && ctx->needs_input_grad(var[i]); }
 };
 
-optional<at::Tensor> opt_of(const at::Tensor& t) {
-  return t.defined() ? optional<at::Tensor>(t) : c10::nullopt;
-}
-
 at::Tensor column_sum(const at::Tensor& g2, bool gemv) {
   return gemv ? at::mv(g2.t(), at::ones({g2.size(0)}, g2.options())) : g2.sum(0);
 }
@@ -755,10 +751,9 @@ at::Tensor flat_alias(const at::Tensor& out) {
   return at::Tensor(std::move(impl));
 }
 
-// a saved output as [N, H, C]: the Function's flat output viewed back, or the
-// [N, H, C] tensor it saved
+// a Function's saved flat output [N, H * C] viewed back as [N, H, C]
 at::Tensor saved_heads(const at::Tensor& t, int64_t H, int64_t C) {
-  return t.dim() == 3 ? t : t.view({t.size(0), H, C});
+  return t.view({t.size(0), H, C});
 }
 
 // ------------------------------------------------------------------ GAT layer
@@ -853,8 +848,8 @@ at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
       gat_layer_forward(x, w, att_src, att_dst, bias, DFGNN_LAYER_GRAPH(1.0, slope)).out);
 }
 
-// How a layer op's backward gets Delta_i = <dO_i, O_i> (its saved_data
-// "delta"): kOutIsAttn, the output is the attention output (read by the row
+// How a layer op's backward gets Delta_i = <dO_i, O_i> (kept in its saved
+// "dims"): kOutIsAttn, the output is the attention output (read by the row
 // pass); kAttnSaved, the attention output is saved besides the output (read by
 // the row pass); kFromOutput, from the output less the skip or bias (row_delta,
 // before the attention backward).  The attention output is saved besides at
@@ -984,7 +979,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
       at::Tensor skip;
       if (has_ws)
         skip = (has_bs ? at::addmm(bs, x, ws.t()) : at::mm(x, ws.t())).view({N, H, C});
-      delta = row_delta(g3, out.view({N, H, C}), skip);
+      delta = row_delta(g3, saved_heads(out, H, C), skip);
     }
     phase.end();
     // (where this backward frees the graph, d k / v are written over y's k / v
@@ -1174,12 +1169,12 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
     }
     at::Tensor g3 = g2.view({N, H, C});
     if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
-    // (with its own x_r, where this backward frees the graph: d x_l written over x_l)
     at::Tensor delta;
     if (d[10] == kFromOutput) {
       const at::Tensor b = d[8] ? s[8].view({1, H, C}).expand({N, H, C}) : at::Tensor();
-      delta = row_delta(g3, s[6].view({N, H, C}), b);
+      delta = row_delta(g3, saved_heads(s[6], H, C), b);
     }
+    // (with its own x_r, where this backward frees the graph: d x_l written over x_l)
     std::vector<at::Tensor> gs = layer_attention_bwd(
         1, load_graph(ctx), xr, xl, {}, s[5], d[10] == kOutIsAttn ? saved_heads(s[6], H, W) : s[9],
         s[7], g3, false, false, has_wr && frees_graph(), delta);
