@@ -969,7 +969,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     // (the output's gradient: the skip's, and the attention output's first C columns')
     const at::Tensor g2 = grads[0].reshape({N, H * C}).contiguous();
     at::Tensor g3 = g2.view({N, H, C});
-    if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
+    if (W != C) fit_all({&g3}, W);   // (one launch: constant_pad_nd takes a fill and a copy)
     const LayerGraph g = load_graph(ctx);
     // Delta from the output (less the skip, recomputed) where it is not the
     // attention output
@@ -1101,11 +1101,30 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
                        const at::Tensor& att, const LayerGraph& g, int64_t H, int64_t C,
                        int64_t W) {
   Gatv2Fwd f;
-  std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W);
-  if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W);
-  else f.xr = f.xl;
+  if (wr.has_value() && W != C && bl.has_value() == br.has_value() &&
+      (H * W * wl.size(1) * (int64_t)wl.element_size()) % 16 == 0) {
+    // both weights (and biases) padded in one launch, each map its own GEMM
+    // over its rows (the values of padded_projection's, one launch fewer; the
+    // second map's rows 16-byte aligned, as cuBLAS sees a weight of its own)
+    at::Tensor wp, bp;
+    if (bl.has_value()) std::tie(wp, bp) = stack_pad_heads({wl, *wr}, {*bl, *br}, H, C, W);
+    else std::tie(wp, bp) = stack_pad_heads({wl, *wr}, {}, H, C, W);
+    const int64_t w = H * W;
+    auto proj = [&](int64_t i, at::Tensor& y, at::Tensor& wi) {
+      wi = wp.narrow(0, i * w, w);
+      y = (bl.has_value() ? at::addmm(bp.narrow(0, i * w, w), x, wi.t()) : at::mm(x, wi.t()))
+              .view({x.size(0), H, W});
+    };
+    proj(0, f.xl, f.wlp);
+    proj(1, f.xr, f.wrp);
+  } else {
+    std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W);
+    if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W);
+    else f.xr = f.xl;
+  }
   const at::Tensor a = att.dim() == 3 ? att.select(0, 0) : att;   // (PyG's [1, H, C])
-  f.attp = W == C ? a : at::constant_pad_nd(a, {0, W - C});
+  f.attp = a;
+  if (W != C) fit_all({&f.attp}, W);   // (one launch)
   at::Tensor alpha;
   std::tie(f.out, f.lse, alpha) = layer_attention_fwd(1, g, f.xr, f.xl, {}, f.attp);
   return f;
@@ -1168,7 +1187,7 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
       else r[6] = g2.view({N, H, C}).sum(0).view({H * C});
     }
     at::Tensor g3 = g2.view({N, H, C});
-    if (W != C) g3 = at::constant_pad_nd(g3, {0, W - C});
+    if (W != C) fit_all({&g3}, W);   // (one launch: constant_pad_nd takes a fill and a copy)
     at::Tensor delta;
     if (d[10] == kFromOutput) {
       const at::Tensor b = d[8] ? s[8].view({1, H, C}).expand({N, H, C}) : at::Tensor();
