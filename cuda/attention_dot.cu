@@ -19,14 +19,13 @@ at::Tensor row_delta(const at::Tensor& dout, const at::Tensor& out, const at::Te
               "pyg_dfgnn: internal error: row_delta's operands");
   const c10::cuda::CUDAGuard guard(out.device());
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t threads = NH * 8;
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    row_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        NH, H, C, dout.data_ptr<T>(), dout.stride(0), dout.stride(1), out.data_ptr<T>(),
-        out.stride(0), out.stride(1), sub.defined() ? sub.data_ptr<T>() : nullptr,
-        sub.defined() ? sub.stride(0) : 0, sub.defined() ? sub.stride(1) : 0, nullptr,
-        delta.data_ptr<float>());
+    launch_row_delta<T>(NH, H, C, dout.data_ptr<T>(), dout.stride(0), dout.stride(1),
+                        out.data_ptr<T>(), out.stride(0), out.stride(1),
+                        sub.defined() ? sub.data_ptr<T>() : nullptr,
+                        sub.defined() ? sub.stride(0) : 0, sub.defined() ? sub.stride(1) : 0,
+                        nullptr, delta.data_ptr<float>(), stream);
   };
   switch (out.scalar_type()) {
     case at::kFloat: go(float{}); break;
@@ -34,7 +33,6 @@ at::Tensor row_delta(const at::Tensor& dout, const at::Tensor& out, const at::Te
     case at::kBFloat16: go(c10::BFloat16{}); break;
     default: TORCH_CHECK(false, "pyg_dfgnn: internal error: row_delta's dtype");
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return delta;
 }
 }  // namespace dfgnn

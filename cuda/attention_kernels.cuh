@@ -1907,6 +1907,20 @@ __global__ void __launch_bounds__(kThreads) row_delta_kernel(
   }
 }
 
+// row_delta_kernel's launch (8 lanes per (row, head)) on `stream`, checked: the
+// one place both callers (GAT's atomic backward, the layer ops' row_delta) go
+// through
+template <typename T>
+void launch_row_delta(int64_t NH, int64_t H, int64_t C, const T* dout, int64_t sd0, int64_t sd1,
+                      const T* out, int64_t so0, int64_t so1, const T* sub, int64_t ss0,
+                      int64_t ss1, float4* acc, float* delta, cudaStream_t stream) {
+  if (NH == 0) return;
+  const int64_t threads = NH * 8;
+  row_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      NH, H, C, dout, sd0, sd1, out, so0, so1, sub, ss0, ss1, acc, delta);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // After the column pass, per (destination row, head): eps_i = D_i - X_i
 // (written over D, the 4th of the row's sums) and d_dst.
 template <typename T, typename I>

@@ -369,14 +369,10 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
   const at::Tensor out = bi.out.stride(2) == 1 ? bi.out : bi.out.contiguous();
   const at::Tensor dout = bi.grad_out.stride(2) == 1 ? bi.grad_out : bi.grad_out.contiguous();
   const at::Tensor bias = fa.att.defined() ? fa.att.reshape({H, -1}).contiguous() : at::Tensor();
-  if (NH > 0) {
-    const int64_t threads = NH * 8;
-    row_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        NH, H, out.size(2), cptr<T>(dout), dout.stride(0), dout.stride(1), cptr<T>(out),
-        out.stride(0), out.stride(1), cptr<T>(bias), 0, bias.defined() ? bias.size(1) : 0,
-        reinterpret_cast<float4*>(p.gat_acc), nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  launch_row_delta<T>(NH, H, out.size(2), cptr<T>(dout), dout.stride(0), dout.stride(1),
+                      cptr<T>(out), out.stride(0), out.stride(1), cptr<T>(bias), 0,
+                      bias.defined() ? bias.size(1) : 0, reinterpret_cast<float4*>(p.gat_acc),
+                      nullptr, stream);
   // d_src before its correction, fp32 (fp32 inputs: d_src itself)
   at::Tensor dsf;
   if constexpr (std::is_same<T, float>::value) {
