@@ -14,8 +14,9 @@ in us of
   time between them -- from calls profiled with CUDA activity only, each
   between two marker kernels.
 
-``--cpu-top N`` also prints the N host ops of the forward with the most self
-CPU time (torch.profiler, CPU activity)::
+``--cpu-top N`` also prints the N host ops of the forward (``--cpu-top-passes
+fb``: of forward+backward) with the most self CPU time (torch.profiler, CPU
+activity)::
 
     PYTHONPATH=. python scripts/call_timeline.py --graphs uniform_100k \\
         --cases gat:4x64,transformer:4x64 --dtypes fp32,bf16
@@ -113,7 +114,14 @@ def main(argv=None) -> None:
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--cpu-top", type=int, default=0)
+    ap.add_argument("--cpu-top-passes", default="fwd",
+                    help="the calls --cpu-top profiles: fwd, fb or fwd,fb (fb: forward "
+                         "and backward, the backward's ops on the autograd engine's thread "
+                         "included)")
     a = ap.parse_args(argv)
+    passes = a.cpu_top_passes.split(",")
+    if not set(passes) <= {"fwd", "fb"}:
+        ap.error(f"--cpu-top-passes: fwd and / or fb, got {a.cpu_top_passes!r}")
 
     import torch
     import bench_shapes as bs
@@ -131,7 +139,10 @@ def main(argv=None) -> None:
                   f"wall {r['wall']:7.1f} host {r['host']:6.1f} | pre {r['pre']:6.1f} "
                   f"busy {r['busy']:7.1f} gaps {r['gaps']:6.1f} (n {r['n']})", flush=True)
         if a.cpu_top:
-            cpu_top(bs.layer_calls(ours, x, ei)[0], a.reps, a.cpu_top)
+            for pname, fn in zip(("fwd", "fb"), bs.layer_calls(ours, x, ei)):
+                if pname in passes:
+                    print(f"    host ops of {pname}, self time per call:")
+                    cpu_top(fn, a.reps, a.cpu_top)
         del ours, x
 
 if __name__ == "__main__":

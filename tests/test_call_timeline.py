@@ -44,3 +44,13 @@ def test_events_in_any_order(unordered):
     if unordered:
         evs = evs[::-1]
     assert split_calls(evs) == [(10, 10.0, 0.0)]
+
+
+def test_cpu_top_passes_are_checked_before_anything_runs(capsys):
+    """``--cpu-top-passes`` takes fwd and / or fb; anything else is a usage
+    error naming the option (raised before torch or a GPU is touched)."""
+    from call_timeline import main
+    with pytest.raises(SystemExit) as e:
+        main(["--cpu-top", "5", "--cpu-top-passes", "fwd,bwd"])
+    assert e.value.code == 2
+    assert "--cpu-top-passes" in capsys.readouterr().err
