@@ -10,6 +10,26 @@ TINY = ["data.num_train=16", "data.num_val=8", "data.num_test=8", "batch_size=8"
         "model.hidden=16", "model.heads=2", "model.layers=2", "log.progress=false"]
 
 
+def torchrun_train(args, timeout: float = 120, **env):
+    """``torchrun --standalone --nproc-per-node=2 -m pyg_dfgnn train ARGS`` from
+    the repository root (``OMP_NUM_THREADS=1`` and ``env`` added to the
+    environment), its completed process; a non-zero exit fails the test with
+    the tails of both streams in full (an assertion's repr would cut them to a
+    line, which hid the cause of a rank's abort)."""
+    import os
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node=2", "-m", "pyg_dfgnn", "train"] + [str(a) for a in args]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", **env), timeout=timeout)
+    if p.returncode != 0:
+        pytest.fail(f"torchrun exited with {p.returncode}\n--- stdout (tail)\n"
+                    f"{p.stdout[-4000:]}\n--- stderr (tail)\n{p.stderr[-6000:]}",
+                    pytrace=False)
+    return p
+
+
 def fused_available() -> bool:
     try:
         from pyg_dfgnn.nn import AGNNConv, GATConv, TransformerConv  # noqa: F401

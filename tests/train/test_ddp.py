@@ -1,23 +1,14 @@
 """``torchrun --nproc-per-node=2 ... dfgnn train`` on CPU (gloo): DDP path, rank-0 output."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from .conftest import CONFIGS, REPO, TINY
+from .conftest import CONFIGS, TINY, torchrun_train
 
 
 def _torchrun(args, timeout=120):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node=2", "-m", "pyg_dfgnn", "train"] + args
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env,
-                          timeout=timeout)
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    return proc
+    return torchrun_train(args, timeout)
 
 
 def test_ddp_two_ranks_graph_batches(tmp_path):

@@ -1,9 +1,6 @@
 """Neighbour-sampled training (``data.loader=neighbor``): sampler, loaders, trainer, DDP."""
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,7 +9,7 @@ from pyg_dfgnn.train.config import ConfigError, load_config
 from pyg_dfgnn.train.sampling import (TorchNeighborSampler, expected_subgraph_size,
                                       make_loader, sample_neighbors, seed_shard)
 
-from .conftest import CONFIGS, REPO, fused_available
+from .conftest import CONFIGS, fused_available, torchrun_train
 
 # a tiny synthetic power-law graph, 2-layer GAT, fan-out [4, 3]
 TINY_SAMPLED = ["data.name=synthetic_powerlaw", "data.num_nodes=300", "data.num_edges=3000",
@@ -213,18 +210,10 @@ def test_sampled_training_pyg_backend_cli(tmp_path):
 def test_ddp_two_ranks_sampled(tmp_path):
     """torchrun, 2 gloo ranks: each samples its shard (90 of the 180 training seeds),
     rank 0 logs and writes the results and checkpoints."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     out = tmp_path / "ddp"
-
-    def run(*extra):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", "-m", "pyg_dfgnn", "train",
-               str(CONFIGS / "cora_gat_sampled_quick.yaml")] + TINY_SAMPLED + [
-               "backend=pyg", f"data.root={tmp_path / 'data'}", f"out_dir={out}"] + list(extra)
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=180)
-        assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
-        return p
-    p = run("epochs=2")
+    p = torchrun_train([CONFIGS / "cora_gat_sampled_quick.yaml"] + TINY_SAMPLED
+                       + ["backend=pyg", f"data.root={tmp_path / 'data'}", f"out_dir={out}",
+                          "epochs=2"], timeout=180)
     assert p.stdout.count("dfgnn train: cora_gat_sampled_quick") == 1  # rank 0 logs
     assert "x2 ranks (DDP, gloo)" in p.stdout
     assert "train seeds 90 per rank x 2" in p.stdout

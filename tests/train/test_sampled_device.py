@@ -384,21 +384,14 @@ def test_tiny_training_run_sampling_on_the_gpu(tmp_path, backend, _):
 def test_ddp_two_gpus_each_rank_samples_on_its_own_gpu(tmp_path, _):
     """torchrun, 2 NCCL ranks on 2 GPUs, data.sample_on=cuda: each rank samples
     its shard (90 of the 180 training seeds) on its own GPU."""
-    import os
-    import subprocess
-    import sys
-    from .conftest import REPO
+    from .conftest import torchrun_train
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs")
     over = [o for o in TINY_SAMPLED if not o.startswith("device=")]
-    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node=2", "-m", "pyg_dfgnn", "train",
-           str(CONFIGS / "cora_gat_sampled_quick.yaml")] + over + [
-           "device=cuda", "data.sample_on=cuda", "backend=pyg", "epochs=2",
-           f"data.root={tmp_path / 'data'}", f"out_dir={tmp_path / 'run'}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    p = torchrun_train([CONFIGS / "cora_gat_sampled_quick.yaml"] + over + [
+                       "device=cuda", "data.sample_on=cuda", "backend=pyg", "epochs=2",
+                       f"data.root={tmp_path / 'data'}", f"out_dir={tmp_path / 'run'}"],
+                       timeout=300, NCCL_NVLS_ENABLE="0")
     assert "x2 ranks (DDP, nccl)" in p.stdout
     assert "sampling: on cuda:0 (data.sample_on=cuda:" in p.stdout
     assert "train seeds 90 per rank x 2" in p.stdout
