@@ -191,15 +191,11 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
             conv(xa, ei).backward(torch.randn(60, feat, device="cuda", dtype=dtype))
             with torch.inference_mode():
                 conv(xa.detach(), ei)
-_padded.GPU_BOUND_ELEMENTS = 1 << 22
-torch.cuda.synchronize()
-print("sanitizer smoke: done")
 # the Transformer's and GATv2's layer ops, whose backward writes the source-side
 # gradients over their own saved projections (cuda/dfgnn_ops.cpp: src_in_place),
 # in both column-pass modes, with split rows / columns, on GPU-bound calls (the
 # layers project into the kernels' width) and a head over two feature tiles
 # (1 x 512: the recomputing pass writes to a buffer of its own)
-from pyg_dfgnn.nn import GATv2Conv, TransformerConv, _padded  # noqa: E402
 _padded.GPU_BOUND_ELEMENTS = 0
 for mode in ("store", "recompute"):
     with ops.backward_mode(mode):
@@ -213,3 +209,6 @@ for mode in ("store", "recompute"):
                         with schedule.override(split=split):
                             out = conv(x, ei)
                             out.backward(torch.randn_like(out))
+_padded.GPU_BOUND_ELEMENTS = 1 << 22
+torch.cuda.synchronize()
+print("sanitizer smoke: done")

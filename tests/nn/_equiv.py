@@ -489,8 +489,7 @@ def check_backward_over_saved_projections(cls: type, kw: Dict[str, Any], dtype: 
     if mode == "recompute" and kw["out_channels"] >= 512:
         blocks = 0
     conv, x, ei, grad = layer_op_case(cls, kw, dtype, train=False)
-    from pyg_dfgnn.nn._padded import kernel_width
-    w = kernel_width(kw["out_channels"], x, kw["heads"], kind)
+    w = _padded.kernel_width(kw["out_channels"], x, kw["heads"], kind)
     block = x.size(0) * kw["heads"] * w * x.element_size()
     with backward_mode(mode):
         with torch.no_grad():
