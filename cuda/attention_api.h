@@ -16,6 +16,13 @@ inline std::atomic<int>& forced_backward_mode() {
   return mode;
 }
 
+// A head width in bytes from which a head's node rows outweigh its per-edge
+// arrays: below it, dot attention's backward stores alpha alone per edge
+// (kColAlpha, attention_launch.cuh) and the layer ops take the backward's
+// Delta from their output instead of saving the attention output besides it
+// (dfgnn_ops.cpp, delta_source).
+constexpr int64_t kWideHeadBytes = 128;
+
 struct GraphArgs {
   at::Tensor rowptr, col, perm;          // destination-major CSR (+ CSR pos -> edge id)
   at::Tensor t_rowptr, t_col, t_perm;    // transpose (+ transposed pos -> CSR pos)

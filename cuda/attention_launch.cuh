@@ -448,10 +448,10 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   }
   // (after GAT's atomic mode, which needs no device statistics)
   // dot attention's alpha mode (kColAlpha) where it stores: fp32 / fp16 heads
-  // under 128 bytes without edge features, where the stored mode's two arrays
+  // under kWideHeadBytes (128) without edge features, where the stored mode's two arrays
   // (E x H x 8 bytes) outweigh the heads
   const bool alpha_ok = KIND == DOT && !kPackedEdges<T> && !fa.edge.defined() &&
-                        p.F * (int64_t)sizeof(T) < 128 && alpha_mode_on();
+                        p.F * (int64_t)sizeof(T) < kWideHeadBytes && alpha_mode_on();
   const bool recompute =
       E > 0 && recompute_backward(E * p.H * (gat_single || kPackedEdges<T> || alpha_ok ? 4 : 8));
   const bool alpha_mode = alpha_ok && !recompute;

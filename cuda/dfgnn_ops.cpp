@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
@@ -711,18 +713,73 @@ struct InputGrads {
   bool operator()(size_t i) const { return var[i] >= 0 && ctx->needs_input_grad(var[i]); }
 };
 
-at::Tensor column_sum(const at::Tensor& g2, bool gemv) {
-  return gemv ? at::mv(g2.t(), at::ones({g2.size(0)}, g2.options())) : g2.sum(0);
+// n ones of like's dtype and device, for a GEMV column sum: a view of a vector
+// kept per (device, dtype, stream) for the process's life (grown to the largest
+// n asked, up to kOnesCached), so that a backward's column sums neither
+// allocate nor fill one each (two host calls per sum: docs/KERNELS.md, session
+// 35).  Per stream, so that no stream reads a vector before the fill queued on
+// another; never made while the stream is being captured into a CUDA graph
+// (the graph's private pool), where a kept one is read as it is.
+constexpr int64_t kOnesCached = int64_t(1) << 24;
+
+at::Tensor ones_like_rows(const at::Tensor& like, int64_t n) {
+  if (!like.is_cuda() || n > kOnesCached) return at::ones({n}, like.options());
+  struct Kept {
+    int dev;
+    at::ScalarType dt;
+    c10::StreamId stream;
+    at::Tensor ones;
+  };
+  // (never destroyed: no CUDA tensor freed after the runtime's teardown at exit)
+  static auto* kept = new std::vector<Kept>();
+  static std::mutex mu;
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(like.get_device());
+  const bool capturing =
+      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  std::lock_guard<std::mutex> lock(mu);
+  Kept* k = nullptr;
+  for (Kept& e : *kept)
+    if (e.dev == like.get_device() && e.dt == like.scalar_type() && e.stream == stream.id())
+      k = &e;
+  if (k != nullptr && k->ones.size(0) >= n) return k->ones.narrow(0, 0, n);
+  if (capturing) return at::ones({n}, like.options());
+  at::Tensor ones = at::ones({std::max<int64_t>(n, 4096)}, like.options());
+  if (k == nullptr) kept->push_back({like.get_device(), like.scalar_type(), stream.id(), ones});
+  else k->ones = ones;
+  return ones.narrow(0, 0, n);
 }
 
-// rows chans..width-1 of every head of a [n_heads * width, ...] tensor dropped
-at::Tensor unpad_rows(const at::Tensor& t, int64_t n_heads, int64_t chans, int64_t width) {
-  if (width == chans) return t;
-  std::vector<int64_t> shape{n_heads, width};
-  for (int64_t d = 1; d < t.dim(); ++d) shape.push_back(t.size(d));
-  std::vector<int64_t> flat{n_heads * chans};
-  for (int64_t d = 1; d < t.dim(); ++d) flat.push_back(t.size(d));
-  return t.view(shape).narrow(1, 0, chans).reshape(flat);
+// x W^T (+ b): one GEMM, the bias through cuBLAS' epilogue (addmm), as the
+// layers' linear maps compute it; an undefined or empty b (stack_pad_heads'
+// placeholder where there are no biases) is none
+at::Tensor affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return b.defined() && b.numel() > 0 ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+}
+
+at::Tensor column_sum(const at::Tensor& g2, bool gemv) {
+  return gemv ? at::mv(g2.t(), ones_like_rows(g2, g2.size(0))) : g2.sum(0);
+}
+
+// rows chans..width-1 of every head of the [n_heads * width, ...] tensors *ts
+// dropped (undefined tensors and null pointers skipped), in one launch
+// (resize_all: each seen as [n_heads, width * rest], its first chans * rest
+// columns kept) instead of a copy each
+void unpad_rows_all(std::initializer_list<at::Tensor*> ts, int64_t n_heads, int64_t chans,
+                    int64_t width) {
+  if (width == chans) return;
+  std::vector<std::pair<at::Tensor*, int64_t>> e;
+  std::vector<std::vector<int64_t>> shapes;
+  for (at::Tensor* t : ts) {
+    if (t == nullptr || !t->defined()) continue;
+    const int64_t rest = t->numel() / (n_heads * width);
+    std::vector<int64_t> shape = t->sizes().vec();
+    shape[0] = n_heads * chans;
+    shapes.push_back(shape);
+    *t = t->view({n_heads, width * rest});
+    e.emplace_back(t, chans * rest);
+  }
+  resize_all(e, [](const at::Tensor& t, int64_t w) { return unfit(t, w); });
+  for (size_t i = 0; i < e.size(); ++i) *e[i].first = e[i].first->view(shapes[i]);
 }
 
 // [N, H, C] as the layer's [N, H * C]
@@ -857,8 +914,8 @@ at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
 // arrays, and the Delta pass (the Transformer's skip GEMM again, three [N, H,
 // C] reads) cost 5-7 % of the Transformer's 4 x 64 forward+backward on the
 // 100k graphs (H100, docs/KERNELS.md, session 33).
+// (kWideHeadBytes: attention_api.h)
 enum DeltaSource : int64_t { kFromOutput = 0, kOutIsAttn = 1, kAttnSaved = 2 };
-constexpr int64_t kWideHeadBytes = 128;
 
 DeltaSource delta_source(const at::Tensor& out, const at::Tensor& attn) {
   if (out.is_same(attn)) return kOutIsAttn;
@@ -896,7 +953,7 @@ at::Tensor transformer_layer_nograd(const at::Tensor& x, at::TensorList ws, at::
                                     const LayerGraph& g, int64_t H, int64_t C, int64_t W) {
   at::Tensor wp, bp;
   std::tie(wp, bp) = stack_pad_heads(ws, bs, H, C, W);
-  const at::Tensor y = bs.empty() ? at::mm(x, wp.t()) : at::addmm(bp, x, wp.t());
+  const at::Tensor y = affine(x, wp, bp);
   const at::Tensor q = block(y, 0, H, W), k = block(y, 1, H, W), v = block(y, 2, H, W);
   if (ws.size() < 4) return heads_out(std::get<0>(layer_attention_fwd(2, g, q, k, v, {})), C);
   const at::Tensor skip = block(y, 3, H, W).narrow(2, 0, C);
@@ -930,14 +987,14 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     at::Tensor wp, bp;
     if (has_b) std::tie(wp, bp) = stack_pad_heads({wq, wk, wv}, {*bq, *bk, *bv}, H, C, W);
     else std::tie(wp, bp) = stack_pad_heads({wq, wk, wv}, {}, H, C, W);
-    const at::Tensor y = has_b ? at::addmm(bp, x, wp.t()) : at::mm(x, wp.t());
+    const at::Tensor y = affine(x, wp, bp);
     at::Tensor attn, lse, alpha;
     std::tie(attn, lse, alpha) =
         layer_attention_fwd(2, *g, block(y, 0, H, W), block(y, 1, H, W), block(y, 2, H, W), {});
     // [N, H, C]: the attention's first C columns (+ the skip)
     at::Tensor out = W == C ? attn : attn.narrow(2, 0, C);
     if (ws.has_value()) {
-      const at::Tensor skip = bs.has_value() ? at::addmm(*bs, x, ws->t()) : at::mm(x, ws->t());
+      const at::Tensor skip = affine(x, *ws, opt(bs));
       out = out + skip.view({N, H, C});
     } else if (W != C) {
       out = out.contiguous();
@@ -978,7 +1035,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
       phase("dfgnn::transformer_layer_backward::delta");
       at::Tensor skip;
       if (has_ws)
-        skip = (has_bs ? at::addmm(bs, x, ws.t()) : at::mm(x, ws.t())).view({N, H, C});
+        skip = affine(x, ws, bs).view({N, H, C});
       delta = row_delta(g3, saved_heads(out, H, C), skip);
     }
     phase.end();
@@ -1009,15 +1066,13 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
                               : at::cat({dq.reshape({N, w}), dk.reshape({N, w}),
                                          dv.reshape({N, w})}, 1);
     if (needs(0)) r[0] = has_ws ? at::mm(dy, wp).addmm_(g2, ws) : at::mm(dy, wp);
-    if (needs(1) || needs(3) || needs(5)) {
-      const at::Tensor dw = unpad_rows(at::mm(dy.t(), x), 3 * H, C, W);
-      for (int i = 0; i < 3; ++i)
-        if (needs(1 + 2 * i)) r[1 + 2 * i] = dw.narrow(0, i * H * C, H * C);
-    }
-    if (needs(2) || needs(4) || needs(6)) {
-      const at::Tensor db = unpad_rows(column_sum(dy, gemv), 3 * H, C, W);
-      for (int i = 0; i < 3; ++i)
-        if (needs(2 + 2 * i)) r[2 + 2 * i] = db.narrow(0, i * H * C, H * C);
+    at::Tensor dw, db;   // (padded rows dropped from both in one launch)
+    if (needs(1) || needs(3) || needs(5)) dw = at::mm(dy.t(), x);
+    if (needs(2) || needs(4) || needs(6)) db = column_sum(dy, gemv);
+    unpad_rows_all({&dw, &db}, 3 * H, C, W);
+    for (int i = 0; i < 3; ++i) {
+      if (needs(1 + 2 * i)) r[1 + 2 * i] = dw.narrow(0, i * H * C, H * C);
+      if (needs(2 + 2 * i)) r[2 + 2 * i] = db.narrow(0, i * H * C, H * C);
     }
     if (needs(7)) r[7] = at::mm(g2.t(), x);
     if (needs(8)) r[8] = column_sum(g2, gemv);
@@ -1088,7 +1143,7 @@ std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const a
     if (b.has_value()) std::tie(wp, bp) = stack_pad_heads({w}, {*b}, H, C, W);
     else std::tie(wp, bp) = stack_pad_heads({w}, {}, H, C, W);
   }
-  const at::Tensor y = b.has_value() ? at::addmm(bp, x, wp.t()) : at::mm(x, wp.t());
+  const at::Tensor y = affine(x, wp, bp);
   return {y.view({x.size(0), H, W}), wp};
 }
 
@@ -1112,7 +1167,7 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
     const int64_t w = H * W;
     auto proj = [&](int64_t i, at::Tensor& y, at::Tensor& wi) {
       wi = wp.narrow(0, i * w, w);
-      y = (bl.has_value() ? at::addmm(bp.narrow(0, i * w, w), x, wi.t()) : at::mm(x, wi.t()))
+      y = affine(x, wi, bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor())
               .view({x.size(0), H, W});
     };
     proj(0, f.xl, f.wlp);
@@ -1209,12 +1264,13 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
     at::Tensor dx;
     auto proj = [&](const at::Tensor& dp, const at::Tensor& wp, int iw, int ib) {
       const at::Tensor d2 = dp.view({N, H * W});
-      if (needs(iw)) r[iw] = unpad_rows(at::mm(d2.t(), x), H, C, W);
-      if (needs(ib)) r[ib] = unpad_rows(column_sum(d2, gemv_proj), H, C, W);
+      if (needs(iw)) r[iw] = at::mm(d2.t(), x);
+      if (needs(ib)) r[ib] = column_sum(d2, gemv_proj);
       if (needs(0)) dx = dx.defined() ? dx.addmm_(d2, wp) : at::mm(d2, wp);
     };
     proj(dl, wlp, 1, 2);
     if (has_wr) proj(gs[0], wrp, 3, 4);
+    unpad_rows_all({&r[1], &r[2], &r[3], &r[4]}, H, C, W);   // (one launch)
     r[0] = dx;
     return r;
   }
@@ -1298,11 +1354,11 @@ struct AgnnLayerFn : public torch::autograd::Function<AgnnLayerFn> {
                                          ctx->saved_data["eps"].toDouble());
     if (ctx->needs_input_grad(0)) r[0] = dx;
     if (ctx->needs_input_grad(1)) {
-      // (in fp32, two 0-d tensors, as _AGNNPrologue._dbeta divides: a [1] beta
-      // would make the quotient beta's dtype by type promotion)
+      // (in fp32, two 0-d tensors, as _AGNNPrologue._dbeta divides: the fp32 sum
+      // promotes beta inside the division's kernel, no conversion of its own; a
+      // [1] beta would make the quotient beta's dtype by type promotion)
       const at::Tensor from_dq = cs.sum(), b0 = beta.reshape({});
-      const at::Tensor d =
-          gs.size() > 5 ? at::where(b0 != 0, gs[5] / b0.to(at::kFloat), from_dq) : from_dq;
+      const at::Tensor d = gs.size() > 5 ? at::where(b0 != 0, gs[5] / b0, from_dq) : from_dq;
       r[1] = d.to(beta.scalar_type()).view(beta.sizes());
     }
     return r;

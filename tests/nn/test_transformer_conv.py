@@ -202,6 +202,76 @@ def test_layer_op_against_float64(kw):
                                    dict(in_channels=F_IN, **kw), "TransformerLayerFn")
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_layer_op_gemv_bias_gradients_over_kept_ones(dtype, monkeypatch):
+    """The one-op path's GEMV column sums read a ones vector the op keeps per
+    (device, dtype, stream) and grows (``dfgnn_ops.cpp: ones_like_rows``).
+    The skip bias's gradient is the column sum of the output gradient: within
+    the fp32 summation bound of the float64 sum on calls that grow the kept
+    vector, on a side stream, and in CUDA graphs replayed after capture, one
+    on a stream whose kept vector is long enough (read in the graph) and one
+    on a stream without one (the graph's own, not kept)."""
+    from pyg_dfgnn.nn import _padded
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)   # (GEMV column sums)
+    torch.manual_seed(0)
+    conv = TransformerConv(F_IN, 10, heads=8).to("cuda", dtype)
+    u = torch.finfo(torch.float32).eps
+
+    def case(n, seed):
+        ei = random_edge_index(n, n, 4 * n, seed=seed, device="cuda")
+        x = torch.randn(n, F_IN, device="cuda", dtype=dtype, requires_grad=True)
+        return x, ei, torch.randn(n, 80, device="cuda", dtype=dtype)
+
+    def step(x, ei, g):
+        conv.zero_grad(set_to_none=True)
+        out = conv(x, ei)
+        assert "TransformerLayerFn" in layer_op_node(out)
+        out.backward(g)
+
+    def check(g):
+        want = g.double().sum(0)
+        bound = g.size(0) * u * g.double().abs().sum(0) + torch.finfo(dtype).eps * want.abs()
+        got = conv.lin_skip.bias.grad.double()
+        assert bool(((got - want).abs() <= bound).all()), float((got - want).abs().max())
+
+    for n, seed in ((300, 1), (5000, 2), (9000, 3), (2000, 4)):   # (kept: 4096, then grown)
+        x, ei, g = case(n, seed)
+        conv.lin_skip.bias.grad = torch.full_like(conv.lin_skip.bias, float("nan"))
+        step(x, ei, g)
+        check(g)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x, ei, g = case(3000, 5)
+        step(x, ei, g)
+        check(g)
+    torch.cuda.current_stream().wait_stream(side)
+    for n, stream in ((2500, side), (6000, None)):
+        x, ei, g = case(n, 10 + n)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                step(x, ei, g)   # (warm-up: the graph cache, this stream's vector)
+            torch.cuda.current_stream().wait_stream(stream)
+        else:
+            step(x, ei, g)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        conv.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph, stream=stream):
+            out = conv(x, ei)
+            out.backward(g)
+        g.copy_(torch.randn_like(g))
+        conv.lin_skip.bias.grad.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(g)
+        del graph, out
+    conv.zero_grad(set_to_none=True)
+
+
 @saved_projection_cases
 def test_backward_over_saved_projections(kw, dtype, mode, monkeypatch, deterministic):
     """A backward that frees the graph writes d k / d v over k / v (the same
