@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -719,7 +718,10 @@ struct InputGrads {
 // allocate nor fill one each (two host calls per sum: docs/KERNELS.md, session
 // 35).  Per stream, so that no stream reads a vector before the fill queued on
 // another; never made while the stream is being captured into a CUDA graph
-// (the graph's private pool), where a kept one is read as it is.
+// (the graph's private pool), where a kept one is read as it is -- so a
+// vector is never freed either: one outgrown stays allocated (growth at least
+// doubles, so all of them take under twice the largest), since a graph
+// captured earlier may read it at every replay.
 constexpr int64_t kOnesCached = int64_t(1) << 24;
 
 at::Tensor ones_like_rows(const at::Tensor& like, int64_t n) {
@@ -732,10 +734,12 @@ at::Tensor ones_like_rows(const at::Tensor& like, int64_t n) {
   };
   // (never destroyed: no CUDA tensor freed after the runtime's teardown at exit)
   static auto* kept = new std::vector<Kept>();
+  static auto* outgrown = new std::vector<at::Tensor>();
   static std::mutex mu;
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(like.get_device());
-  const bool capturing =
-      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;   // (of that stream itself)
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
   std::lock_guard<std::mutex> lock(mu);
   Kept* k = nullptr;
   for (Kept& e : *kept)
@@ -743,9 +747,15 @@ at::Tensor ones_like_rows(const at::Tensor& like, int64_t n) {
       k = &e;
   if (k != nullptr && k->ones.size(0) >= n) return k->ones.narrow(0, 0, n);
   if (capturing) return at::ones({n}, like.options());
-  at::Tensor ones = at::ones({std::max<int64_t>(n, 4096)}, like.options());
-  if (k == nullptr) kept->push_back({like.get_device(), like.scalar_type(), stream.id(), ones});
-  else k->ones = ones;
+  const int64_t len = std::max<int64_t>(
+      {n, int64_t(4096), k == nullptr ? 0 : std::min(2 * k->ones.size(0), kOnesCached)});
+  at::Tensor ones = at::ones({len}, like.options());
+  if (k == nullptr) {
+    kept->push_back({like.get_device(), like.scalar_type(), stream.id(), ones});
+  } else {
+    outgrown->push_back(k->ones);
+    k->ones = ones;
+  }
   return ones.narrow(0, 0, n);
 }
 

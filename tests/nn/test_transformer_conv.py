@@ -212,7 +212,9 @@ def test_layer_op_gemv_bias_gradients_over_kept_ones(dtype, monkeypatch):
     the fp32 summation bound of the float64 sum on calls that grow the kept
     vector, on a side stream, and in CUDA graphs replayed after capture, one
     on a stream whose kept vector is long enough (read in the graph) and one
-    on a stream without one (the graph's own, not kept)."""
+    on a stream without one (the graph's own, not kept); and the first graph
+    replayed again after its stream's vector was outgrown (an outgrown vector
+    stays allocated: the graph reads it)."""
     from pyg_dfgnn.nn import _padded
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)   # (GEMV column sums)
     torch.manual_seed(0)
@@ -248,6 +250,7 @@ def test_layer_op_gemv_bias_gradients_over_kept_ones(dtype, monkeypatch):
         step(x, ei, g)
         check(g)
     torch.cuda.current_stream().wait_stream(side)
+    graphs = []
     for n, stream in ((2500, side), (6000, None)):
         x, ei, g = case(n, 10 + n)
         if stream is not None:
@@ -263,12 +266,28 @@ def test_layer_op_gemv_bias_gradients_over_kept_ones(dtype, monkeypatch):
         with torch.cuda.graph(graph, stream=stream):
             out = conv(x, ei)
             out.backward(g)
+        grad = conv.lin_skip.bias.grad
         g.copy_(torch.randn_like(g))
-        conv.lin_skip.bias.grad.fill_(float("nan"))
+        grad.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         check(g)
-        del graph, out
+        graphs.append((graph, out, grad, g))
+    # the side stream's vector (4096 long) outgrown by an eager call on that
+    # stream, then blocks of its size allocated and filled there (what a
+    # freed vector's memory would become): the first graph still reads ones
+    with torch.cuda.stream(side):
+        step(*case(20000, 7))
+        junk = [torch.full((4096,), 7.0, device="cuda", dtype=dtype) for _ in range(256)]
+    torch.cuda.synchronize()
+    graph, out, grad, g = graphs[0]
+    g.copy_(torch.randn_like(g))
+    grad.fill_(float("nan"))
+    conv.lin_skip.bias.grad = grad
+    graph.replay()
+    torch.cuda.synchronize()
+    check(g)
+    del graphs, junk
     conv.zero_grad(set_to_none=True)
 
 
