@@ -359,6 +359,11 @@ def explain_schedule(graph: CSRGraph, kind: int = 0, feat: int = 64, heads: int 
             f"  CUDA backward: {backward_path(kind, heads, feat, dtype)}")
 
 
+#: the head width in bytes under which dot attention's stored backward keeps
+#: alpha alone per edge (cuda/attention_api.h: kWideHeadBytes)
+WIDE_HEAD_BYTES = 128
+
+
 def backward_path(kind: int, heads: int, feat: Optional[int] = None,
                   dtype: Optional[torch.dtype] = None) -> str:
     """The CUDA backward's passes for ``kind`` and ``heads`` (and the head
@@ -370,7 +375,7 @@ def backward_path(kind: int, heads: int, feat: Optional[int] = None,
         stored = ("one feature gather per edge (column pass emitting alpha~ dP, then scalar "
                   "row and source passes; stored mode keeps E x H x 4 bytes)")
     elif (kind == DOT and feat is not None and dtype in (torch.float32, torch.float16)
-          and feat * torch.finfo(dtype).bits // 8 < 128):   # kColAlpha
+          and feat * torch.finfo(dtype).bits // 8 < WIDE_HEAD_BYTES):   # kColAlpha
         stored = ("row pass + column pass forming dP; stored mode keeps fp32 alpha per edge "
                   "(E x H x 4 bytes; without edge features, else g and alpha~: E x H x 8)")
     else:

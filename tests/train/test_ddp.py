@@ -7,15 +7,11 @@ import torch
 from .conftest import CONFIGS, TINY, torchrun_train
 
 
-def _torchrun(args, timeout=120):
-    return torchrun_train(args, timeout)
-
-
 def test_ddp_two_ranks_graph_batches(tmp_path):
     out, root = tmp_path / "run", tmp_path / "data"
-    proc = _torchrun([str(CONFIGS / "pattern_gat_quick.yaml")] + TINY
-                     + ["data.num_train=32", "data.num_val=15", "epochs=2", "backend=pyg",
-                        f"data.root={root}", f"out_dir={out}"])
+    proc = torchrun_train([str(CONFIGS / "pattern_gat_quick.yaml")] + TINY
+                          + ["data.num_train=32", "data.num_val=15", "epochs=2", "backend=pyg",
+                             f"data.root={root}", f"out_dir={out}"])
     # only rank 0 logs and writes
     assert proc.stdout.count("dfgnn train: pattern_gat_quick") == 1
     assert "x2 ranks (DDP, gloo)" in proc.stdout
@@ -30,7 +26,7 @@ def test_ddp_two_ranks_graph_batches(tmp_path):
     from torch_geometric.loader import DataLoader
     from pyg_dfgnn.data import SBMDataset
     from pyg_dfgnn.train.config import config_from_dict
-    from pyg_dfgnn.train.metrics import ConfusionCounter, weighted_cross_entropy
+    from pyg_dfgnn.train.metrics import ConfusionCounter
     from pyg_dfgnn.train.models import build_model
     ckpt = torch.load(out / "checkpoint_last.pt", weights_only=False)
     cfg = config_from_dict(ckpt["config"])
@@ -49,8 +45,8 @@ def test_ddp_two_ranks_graph_batches(tmp_path):
 
 def test_ddp_two_ranks_full_batch_planetoid(tmp_path, planetoid_root):
     out = tmp_path / "cora"
-    proc = _torchrun([str(CONFIGS / "cora_gat.yaml"), f"data.root={planetoid_root}",
-                      f"out_dir={out}", "epochs=3", "backend=pyg", "log.progress=false"])
+    proc = torchrun_train([str(CONFIGS / "cora_gat.yaml"), f"data.root={planetoid_root}",
+                           f"out_dir={out}", "epochs=3", "backend=pyg", "log.progress=false"])
     assert proc.stdout.count("dfgnn train: cora_gat") == 1
     with open(out / "results.json") as f:
         r = json.load(f)
