@@ -327,15 +327,19 @@ at::Tensor residual_rows(const at::Tensor& r, int64_t Fp) {
       seed, need_alpha, sched, work, merge, t_work, t_merge
 
 // (the arguments of DFGNN_ATTENTION_FWD_SCHEMA and the residual, or an undefined tensor)
+// (out_width: GAT's output width where the caller gives one, e.g. a layer op
+// whose values were projected into the kernels' padded width; else the bias's
+// width, or the values')
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_impl(DFGNN_FWD_PARAMS,
-                                                                  const at::Tensor& residual) {
+                                                                  const at::Tensor& residual,
+                                                                  int64_t out_width = 0) {
   Phases phase;
   phase("dfgnn::attention_fwd::args");
   const c10::cuda::CUDAGuard guard(src.device());
   GraphArgs g = graph_args(rowptr, col, perm, t_rowptr, t_col, t_perm);
   FeatArgs f = feat_args(kind, dst, src, val, edge, att, scale, slope, p, seed, need_alpha);
   Sched s = sched_args(sched, work, merge, t_work, t_merge);
-  int64_t out_F = (kind == 0 && f.att.defined()) ? f.att.size(1) : 0;
+  int64_t out_F = kind != 0 ? 0 : out_width > 0 ? out_width : f.att.defined() ? f.att.size(1) : 0;
   at::Tensor unscaled;
   const bool agnn = key_scale_route(kind, f, unscaled);
   const Layout lay = fit_features(kind, f);
@@ -651,10 +655,10 @@ int64_t layer_seed(int64_t seed, double p) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_attention_fwd(
     int64_t kind, const LayerGraph& g, const at::Tensor& dst, const at::Tensor& src,
     const optional<at::Tensor>& val, const optional<at::Tensor>& att,
-    const at::Tensor& residual = at::Tensor()) {
+    const at::Tensor& residual = at::Tensor(), int64_t out_width = 0) {
   return attention_fwd_impl(kind, g.rowptr, g.col, g.perm, g.t_rowptr, g.t_col, g.t_perm, dst,
                             src, val, c10::nullopt, att, g.scale, g.slope, g.p, g.seed, false,
-                            g.sched, g.work, g.merge, g.t_work, g.t_merge, residual);
+                            g.sched, g.work, g.merge, g.t_work, g.t_merge, residual, out_width);
 }
 
 std::vector<at::Tensor> layer_attention_bwd(int64_t kind, const LayerGraph& g,
@@ -823,23 +827,42 @@ at::Tensor saved_heads(const at::Tensor& t, int64_t H, int64_t C) {
   return t.view({t.size(0), H, C});
 }
 
+// x W^T (+ b) in the padded width, [N, H, W], with its padded weight
+std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const at::Tensor& w,
+                                                    const optional<at::Tensor>& b, int64_t H,
+                                                    int64_t C, int64_t W) {
+  at::Tensor wp = w, bp = b.has_value() ? *b : at::Tensor();
+  if (W != C) {
+    if (b.has_value()) std::tie(wp, bp) = stack_pad_heads({w}, {*b}, H, C, W);
+    else std::tie(wp, bp) = stack_pad_heads({w}, {}, H, C, W);
+  }
+  const at::Tensor y = affine(x, wp, bp);
+  return {y.view({x.size(0), H, W}), wp};
+}
+
 // ------------------------------------------------------------------ GAT layer
-// GAT (dfgnn_C::gat_layer): h = x W^T [N, H, C], the node logits (gat_logits),
-// the fused attention with the bias in its epilogue; backward: the fused
-// backward, the logits' backward and the projection's two GEMMs.
+// GAT (dfgnn_C::gat_layer): h = x W^T [N, H, W] (W = C, or on GPU-bound calls
+// whose C the kernels do not take as they are, the kernels' padded width: the
+// weight's head rows zero-padded by stack_pad_heads, so the GEMM writes the
+// padded layout and the attention pads nothing; nn/_padded.py), the node logits
+// (gat_logits, over the first C columns), the fused attention with the bias in
+// its epilogue, written [N, H, C]; backward: the fused backward, the logits'
+// backward and the projection's two GEMMs (the padded weight's gradient cut
+// back to its C rows per head) -- the formulas of nn/gat_conv.py's path of
+// several ops (padded_linear's GEMM, autograd's mm formulas).
 
 struct GatLayerOut {
-  at::Tensor out, lse, h, a_src, a_dst;
+  at::Tensor out, lse, h, wp, a_src, a_dst;
 };
 
 GatLayerOut gat_layer_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& att_src,
                               const at::Tensor& att_dst, const optional<at::Tensor>& bias,
-                              const LayerGraph& g) {
+                              const LayerGraph& g, int64_t W) {
   const int64_t H = att_src.size(-2), C = att_src.size(-1);
   GatLayerOut r;
   Phases phase;
   phase("dfgnn::gat_layer::projection");
-  r.h = at::mm(x, w.t()).view({x.size(0), H, C});
+  std::tie(r.h, r.wp) = padded_projection(x, w, c10::nullopt, H, C, W);
   phase("dfgnn::gat_layer::logits");
   std::tie(r.a_src, r.a_dst) = gat_logits(r.h, att_src, att_dst);
   phase.end();
@@ -847,50 +870,58 @@ GatLayerOut gat_layer_forward(const at::Tensor& x, const at::Tensor& w, const at
   // (the bias [H * C] or [H, C], viewed [H, C] here, below autograd)
   const optional<at::Tensor> b =
       bias.has_value() ? optional<at::Tensor>(bias->view({H, C})) : c10::nullopt;
-  std::tie(r.out, r.lse, alpha) = layer_attention_fwd(0, g, r.a_dst, r.a_src, r.h, b);
+  std::tie(r.out, r.lse, alpha) =
+      layer_attention_fwd(0, g, r.a_dst, r.a_src, r.h, b, at::Tensor(), C);
   return r;
 }
 
-// saved variables: x, w, att_src, att_dst, bias, h, a_src, a_dst, the output
-// [N, H * C] (flat_alias), lse (an absent bias: an undefined tensor)
+// saved variables: x, the padded weight (w where W = C), att_src, att_dst,
+// bias, h [N, H, W], a_src, a_dst, the output [N, H * C] (flat_alias), lse (an
+// absent bias: an undefined tensor)
 struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                                const at::Tensor& att_src, const at::Tensor& att_dst,
-                               const optional<at::Tensor>& bias, const LayerGraph* g) {
-    GatLayerOut r = gat_layer_forward(x, w, att_src, att_dst, bias, *g);
+                               const optional<at::Tensor>& bias, const LayerGraph* g, int64_t W) {
+    GatLayerOut r = gat_layer_forward(x, w, att_src, att_dst, bias, *g, W);
     const at::Tensor out = flat_alias(r.out);
-    ctx->save_for_backward({x, w, att_src, att_dst, opt(bias), r.h, r.a_src, r.a_dst, out,
+    ctx->save_for_backward({x, r.wp, att_src, att_dst, opt(bias), r.h, r.a_src, r.a_dst, out,
                             r.lse});
     save_graph(ctx, *g);
     return {out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list r(6);
+    variable_list r(7);
     if (!grads[0].defined()) return r;
     Phases phase;
     phase("dfgnn::gat_layer_backward::inputs");
     const variable_list s = ctx->get_saved_variables();
     const LayerGraph g = load_graph(ctx);
-    const at::Tensor &x = s[0], &w = s[1], &att_src = s[2], &att_dst = s[3], &h = s[5];
+    const at::Tensor &x = s[0], &wp = s[1], &att_src = s[2], &att_dst = s[3], &h = s[5];
+    const int64_t N = h.size(0), H = h.size(1), W = h.size(2), C = att_src.size(-1);
     const InputGrads needs(ctx, {true, true, true, true, s[4].defined()});
     phase.end();
     const optional<at::Tensor> bias =
-        s[4].defined() ? optional<at::Tensor>(s[4].view({h.size(1), h.size(2)})) : c10::nullopt;
+        s[4].defined() ? optional<at::Tensor>(s[4].view({H, C})) : c10::nullopt;
     std::vector<at::Tensor> gs = layer_attention_bwd(
-        0, g, s[7], s[6], h, bias, s[8].view(h.sizes()), s[9],
-        grads[0].contiguous().view(h.sizes()));
-    // gs: d a_dst, d a_src, d h, (d edge), d bias; the logits' share of d h added in place
+        0, g, s[7], s[6], h, bias, s[8].view({N, H, C}), s[9],
+        grads[0].contiguous().view({N, H, C}));
+    // gs: d a_dst, d a_src, d h [N, H, W], (d edge), d bias; the logits' share of
+    // d h added in place
     at::Tensor d_h = gs[2];
     at::Tensor d_as, d_ad;
     phase("dfgnn::gat_layer_backward::logits");
     std::tie(d_as, d_ad) = gat_logits_bwd(h, att_src, att_dst, gs[1], gs[0], d_h);
     // the projection's gradients as autograd's mm formulas compute them (for
-    // x W^T with a row-major W: d x = d h W, d W = d h^T x)
+    // x W^T with a row-major W: d x = d h W, d W = d h^T x), the padded
+    // weight's rows cut back to C per head
     phase("dfgnn::gat_layer_backward::projection");
-    const at::Tensor d2 = d_h.view({h.size(0), h.size(1) * h.size(2)});
-    if (needs(0)) r[0] = at::mm(d2, w);
-    if (needs(1)) r[1] = at::mm(d2.t(), x);
+    const at::Tensor d2 = d_h.view({N, H * W});
+    if (needs(0)) r[0] = at::mm(d2, wp);
+    if (needs(1)) {
+      r[1] = at::mm(d2.t(), x);
+      unpad_rows_all({&r[1]}, H, C, W);
+    }
     if (needs(2)) r[2] = d_as;
     if (needs(3)) r[3] = d_ad;
     if (needs(4)) r[4] = gs[4].view(s[4].sizes());
@@ -901,18 +932,18 @@ struct GatLayerFn : public torch::autograd::Function<GatLayerFn> {
 #define DFGNN_GAT_LAYER_PARAMS                                                             \
   const at::Tensor &x, const at::Tensor &w, const at::Tensor &att_src,                         \
       const at::Tensor &att_dst, const optional<at::Tensor> &bias, DFGNN_LAYER_GRAPH_PARAMS,   \
-      double slope, double p, int64_t seed
+      double slope, double p, int64_t seed, int64_t width
 
 // out [N, H * C]
 at::Tensor gat_layer_autograd(DFGNN_GAT_LAYER_PARAMS) {
   const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
-  return GatLayerFn::apply(x, w, att_src, att_dst, bias, &g)[0];
+  return GatLayerFn::apply(x, w, att_src, att_dst, bias, &g, width)[0];
 }
 
 // (no autograd: inference mode)
 at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
   return flat_heads(
-      gat_layer_forward(x, w, att_src, att_dst, bias, DFGNN_LAYER_GRAPH(1.0, slope)).out);
+      gat_layer_forward(x, w, att_src, att_dst, bias, DFGNN_LAYER_GRAPH(1.0, slope), width).out);
 }
 
 // How a layer op's backward gets Delta_i = <dO_i, O_i> (kept in its saved
@@ -1143,19 +1174,6 @@ at::Tensor transformer_layer_autograd(DFGNN_TRANSFORMER_LAYER_PARAMS) {
 // projections' GEMMs with the padding rows dropped, the bias gradients as
 // column sums (GEMVs where ``gemv_proj`` / ``gemv_bias``) -- the formulas of
 // nn/gatv2_conv.py's path (autograd's addmm, _glue's _PaddedParams, add_bias).
-
-// x W^T (+ b) in the padded width, [N, H, W], with its padded weight
-std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const at::Tensor& w,
-                                                    const optional<at::Tensor>& b, int64_t H,
-                                                    int64_t C, int64_t W) {
-  at::Tensor wp = w, bp = b.has_value() ? *b : at::Tensor();
-  if (W != C) {
-    if (b.has_value()) std::tie(wp, bp) = stack_pad_heads({w}, {*b}, H, C, W);
-    else std::tie(wp, bp) = stack_pad_heads({w}, {}, H, C, W);
-  }
-  const at::Tensor y = affine(x, wp, bp);
-  return {y.view({x.size(0), H, W}), wp};
-}
 
 struct Gatv2Fwd {
   at::Tensor xl, xr, wlp, wrp, attp, out, lse;
@@ -1407,7 +1425,7 @@ TORCH_LIBRARY(dfgnn_C, m) {
   m.def("gat_layer(Tensor x, Tensor weight, Tensor att_src, Tensor att_dst, Tensor? bias, "
         "Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, Tensor t_col, "
         "Tensor t_perm, int[] sched, Tensor? work, Tensor? merge, Tensor? t_work, "
-        "Tensor? t_merge, float negative_slope, float dropout_p, int seed) -> Tensor");
+        "Tensor? t_merge, float negative_slope, float dropout_p, int seed, int width) -> Tensor");
   m.def("transformer_layer(Tensor x, Tensor wq, Tensor? bq, Tensor wk, Tensor? bk, Tensor wv, "
         "Tensor? bv, Tensor? ws, Tensor? bs, Tensor rowptr, Tensor col, Tensor? perm, "
         "Tensor t_rowptr, Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, "

@@ -120,8 +120,8 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         in]`` in fp32 / bf16 / fp16 with every parameter in its dtype and on
         its device, no autocast, a plain bias-free projection ``lin`` (no
         hooks), no residual, concatenated heads (or one), a bias the kernel's
-        epilogue adds (:func:`_epilogue_bias`) or none, heads the kernels take
-        unpadded, and an ``edge_index`` tensor (edge features, ``size`` and
+        epilogue adds (:func:`_epilogue_bias`) or none, and an ``edge_index``
+        tensor (edge features, ``size`` and
         attention weights take the usual path).  It computes what that path
         computes (the same kernels, the projection's GEMMs as autograd's
         formulas; the dropout seed drawn alike) with a few host calls instead
@@ -136,8 +136,12 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         if (wb is None or wb[1] is not None
                 or any(t.dtype != x.dtype or t.device != x.device for t in (att_src, att_dst))
                 or att_src.dim() not in (2, 3) or att_src.shape[-2:] != (H, C)
-                or att_dst.shape != att_src.shape or kernel_width(C, x, H, 0) != C):
+                or att_dst.shape != att_src.shape):
             return None
+        # the value rows' head width: the kernels' padded width on GPU-bound
+        # calls whose C they do not take as it is (nn/_padded.py), as the path
+        # of several ops projects them; the op pads the weight, not the rows
+        width = kernel_width(C, x, H, 0)
         g = self._layer_op_graph(x, edge_index, self.add_self_loops)
         if g is None:
             return None
@@ -151,8 +155,8 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
             return None
         slope = _check_float("negative_slope", self.negative_slope)
         p = self._fused_dropout
-        return gat_layer_on(g, plan_for(g, GAT, C, H, x.dtype), x, wb[0], att_src, att_dst, bias,
-                            slope, p, _op_seed(p))
+        return gat_layer_on(g, plan_for(g, GAT, width, H, x.dtype), x, wb[0], att_src, att_dst,
+                            bias, slope, p, _op_seed(p), width)
 
     def _node_logits(self, x, x_in_src: Optional[Tensor], x_in_dst: Optional[Tensor],
                      x_src: Tensor, x_dst: Optional[Tensor], lin):

@@ -622,21 +622,23 @@ def _layer_graph_args(graph, plan) -> tuple:
 
 def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor,
                  bias: Optional[Tensor], negative_slope: float, dropout_p: float,
-                 seed: int) -> Tensor:
+                 seed: int, width: int) -> Tensor:
     """A GAT layer's call on one node set, ``[N, H * C]``, as one op and one
     autograd node (``dfgnn_C::gat_layer``, eager CUDA calls): the projection
-    ``h = x W^T`` viewed ``[N, H, C]`` (``weight [H * C, in]``), the node logits
+    ``h = x W^T`` viewed ``[N, H, width]`` (``weight [H * C, in]``, each head's
+    rows zero-padded by the op to the kernels' head ``width >= C``:
+    :func:`pyg_dfgnn.nn._padded.kernel_width`), the node logits
     of :func:`gat_node_attention_on` (``att_src`` / ``att_dst`` ``[1, H, C]``
     or ``[H, C]``), the fused attention with ``bias [H * C]`` or ``[H, C]`` (or
     ``None``; the op views it ``[H, C]``, so no view node records it) in
     its epilogue; its backward is the fused backward, the logits' backward and
     the projection's two GEMMs, in C++.  The caller validated everything: one
     dtype and device for all tensors, ``x [N, in]`` with ``N`` the graph's
-    source and destination nodes, the schedule ``plan`` for ``(GAT, C, H,
-    x.dtype)`` (:class:`pyg_dfgnn.nn.GATConv`).  ``seed`` is the op's seed
+    source and destination nodes, the schedule ``plan`` for ``(GAT, width,
+    H, x.dtype)`` (:class:`pyg_dfgnn.nn.GATConv`).  ``seed`` is the op's seed
     argument (:func:`pyg_dfgnn.ops._op_seed`: ``-1`` draws it in the op)."""
     return _ext().gat_layer(x, weight, att_src, att_dst, bias, *_layer_graph_args(graph, plan),
-                            negative_slope, dropout_p, seed)
+                            negative_slope, dropout_p, seed, width)
 
 
 def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, width: int,

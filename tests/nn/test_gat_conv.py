@@ -247,15 +247,22 @@ def test_node_logits_in_the_op(device, kw, monkeypatch):
 @layer_op_equality_cases(
     pytest.param(dict(heads=8, out_channels=8), id="8x8"),
     pytest.param(dict(heads=1, out_channels=16, concat=False), id="1x16mean"),
-    pytest.param(dict(heads=2, out_channels=8, add_self_loops=False), id="noloops"))
-def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, monkeypatch, deterministic):
+    pytest.param(dict(heads=2, out_channels=8, add_self_loops=False), id="noloops"),
+    pytest.param(dict(heads=8, out_channels=19, bias=False), id="8x19nobias"),
+    gpu_bound=True)
+def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, gpu_bound, monkeypatch,
+                                                 deterministic):
     """An eager CUDA call on one node set runs as one op and one autograd node
     (``dfgnn_C::gat_layer``: projection, node logits, attention, bias).  Its
     output and every gradient (x, the projection, both attention vectors, the
     bias) are those of the layer's path of several ops on the same inputs and
     dropout seed, bit for bit; in eval mode, and with attention dropout in
-    training mode."""
-    from pyg_dfgnn.nn import gat_conv
+    training mode; below the GPU-bound size and above it (forced), where heads
+    the kernels do not take as they are (8 x 19) are projected into the
+    kernels' padded width by both paths."""
+    from pyg_dfgnn.nn import _padded, gat_conv
+    if gpu_bound:
+        monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     conv, x, ei, grad = layer_op_case(GATConv, kw, dtype, train)
     assert_layer_op_equals_several_ops(gat_conv, conv, x, ei, grad, "GatLayerFn", monkeypatch)
 
@@ -264,10 +271,16 @@ def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, monkeypatch, 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=4, out_channels=64,
                                                                        dropout=0.0)])
-def test_layer_op_against_float64(kw):
+@pytest.mark.parametrize("gpu_bound", [False, True], ids=["small", "gpubound"])
+def test_layer_op_against_float64(kw, gpu_bound, monkeypatch):
     """The one-op path in fp32 against PyG's layer in float64 with the same
     weights, within 2x PyG's own fp32 error (the kernels' float64 tests hold
-    the attention itself)."""
+    the attention itself); also as a GPU-bound call (forced), where 8 x 19 is
+    projected into the kernels' padded width."""
+    from pyg_dfgnn.nn import _padded
+    if gpu_bound:
+        monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+        kw = dict(kw, out_channels=19) if kw["out_channels"] == 10 else kw
     check_layer_op_against_float64(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, **kw),
                                    "GatLayerFn")
 
