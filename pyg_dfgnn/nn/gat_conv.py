@@ -121,8 +121,9 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         its device, no autocast, a plain bias-free projection ``lin`` (no
         hooks), no residual, concatenated heads (or one), a bias the kernel's
         epilogue adds (:func:`_epilogue_bias`) or none, and an ``edge_index``
-        tensor (edge features, ``size`` and
-        attention weights take the usual path).  It computes what that path
+        tensor (edge features, ``size`` and attention weights take the usual
+        path).  Heads the kernels pad on GPU-bound calls are projected into
+        their padded width by the op.  It computes what that path
         computes (the same kernels, the projection's GEMMs as autograd's
         formulas; the dropout seed drawn alike) with a few host calls instead
         of about twenty (host time per call: docs/KERNELS.md, session 30)."""
