@@ -827,17 +827,31 @@ at::Tensor saved_heads(const at::Tensor& t, int64_t H, int64_t C) {
   return t.view({t.size(0), H, C});
 }
 
+// stack_pad_heads over maps whose biases are optional: all of them or none
+// (the callers checked; a mix fails stack_pad_heads' count check), the bias an
+// empty placeholder where there are none
+std::tuple<at::Tensor, at::Tensor> stack_pad_maps(at::TensorList ws,
+                                                  std::initializer_list<optional<at::Tensor>> bs,
+                                                  int64_t H, int64_t C, int64_t W) {
+  std::vector<at::Tensor> b;
+  for (const optional<at::Tensor>& t : bs)
+    if (t.has_value()) b.push_back(*t);
+  return stack_pad_heads(ws, b, H, C, W);
+}
+
+// x W^T (+ b) as [N, H, W] (W: the width of w's heads)
+at::Tensor heads_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t H,
+                        int64_t W) {
+  return affine(x, w, b).view({x.size(0), H, W});
+}
+
 // x W^T (+ b) in the padded width, [N, H, W], with its padded weight
 std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const at::Tensor& w,
                                                     const optional<at::Tensor>& b, int64_t H,
                                                     int64_t C, int64_t W) {
-  at::Tensor wp = w, bp = b.has_value() ? *b : at::Tensor();
-  if (W != C) {
-    if (b.has_value()) std::tie(wp, bp) = stack_pad_heads({w}, {*b}, H, C, W);
-    else std::tie(wp, bp) = stack_pad_heads({w}, {}, H, C, W);
-  }
-  const at::Tensor y = affine(x, wp, bp);
-  return {y.view({x.size(0), H, W}), wp};
+  at::Tensor wp = w, bp = opt(b);
+  if (W != C) std::tie(wp, bp) = stack_pad_maps({w}, {b}, H, C, W);
+  return {heads_affine(x, wp, bp, H, W), wp};
 }
 
 // ------------------------------------------------------------------ GAT layer
@@ -1026,8 +1040,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     const int64_t N = x.size(0);
     const bool has_b = bq.has_value();   // (q / k / v: all biases or none)
     at::Tensor wp, bp;
-    if (has_b) std::tie(wp, bp) = stack_pad_heads({wq, wk, wv}, {*bq, *bk, *bv}, H, C, W);
-    else std::tie(wp, bp) = stack_pad_heads({wq, wk, wv}, {}, H, C, W);
+    std::tie(wp, bp) = stack_pad_maps({wq, wk, wv}, {bq, bk, bv}, H, C, W);
     const at::Tensor y = affine(x, wp, bp);
     at::Tensor attn, lse, alpha;
     std::tie(attn, lse, alpha) =
@@ -1190,13 +1203,11 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
     // over its rows (the values of padded_projection's, one launch fewer; the
     // second map's rows 16-byte aligned, as cuBLAS sees a weight of its own)
     at::Tensor wp, bp;
-    if (bl.has_value()) std::tie(wp, bp) = stack_pad_heads({wl, *wr}, {*bl, *br}, H, C, W);
-    else std::tie(wp, bp) = stack_pad_heads({wl, *wr}, {}, H, C, W);
+    std::tie(wp, bp) = stack_pad_maps({wl, *wr}, {bl, br}, H, C, W);
     const int64_t w = H * W;
     auto proj = [&](int64_t i, at::Tensor& y, at::Tensor& wi) {
       wi = wp.narrow(0, i * w, w);
-      y = affine(x, wi, bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor())
-              .view({x.size(0), H, W});
+      y = heads_affine(x, wi, bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor(), H, W);
     };
     proj(0, f.xl, f.wlp);
     proj(1, f.xr, f.wrp);
