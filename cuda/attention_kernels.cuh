@@ -1672,7 +1672,10 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
         }
       }
       gacc += gv;
-      float ev[KIND == GATV2 ? NC : 1][kW<VEC>];   // GATv2's z_ij needs e_ij again
+      // (GATv2: att, the same for every edge of the column, multiplies the
+      // sum after the sweep: one product per element and edge less; the column
+      // pass 0.96-0.98x in bf16, H200, docs/KERNELS.md, session 37)
+      float ev[KIND == GATV2 ? NC : 1][kW<VEC>];
       if constexpr (KIND == GATV2) edge_tile<T, I, VEC>(p, ft, h, eo[t], t < n, ev);
 #pragma unroll
       for (int c = 0; c < NC; ++c)
@@ -1681,7 +1684,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
           dv[c][k] += pdv * o[t].at(c, k);
           if constexpr (dot_like(KIND)) dk[c][k] += gv * x[t].at(c, k);
           if constexpr (KIND == GATV2)
-            dk[c][k] += gv * at[c][k] * dleaky(x[t].at(c, k) + vj[c][k] + ev[c][k], p.slope);
+            dk[c][k] += gv * dleaky(x[t].at(c, k) + vj[c][k] + ev[c][k], p.slope);
         }
     }
   }
@@ -1697,9 +1700,9 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   for (int c = 0; c < NC; ++c) {
     const int64_t f = ft.f[c];
     if (f < 0) continue;
-    if constexpr (KIND == GATV2) {
+    if constexpr (KIND == GATV2) {   // d_src = att * sum_i g LeakyReLU' + d_val
 #pragma unroll
-      for (int k = 0; k < kW<VEC>; ++k) dk[c][k] += dv[c][k];
+      for (int k = 0; k < kW<VEC>; ++k) dk[c][k] = at[c][k] * dk[c][k] + dv[c][k];
     }
     T* vout = KIND == GATV2 ? p.d_src : p.d_val;
     const float* first = KIND == GATV2 ? dk[c] : dv[c];
