@@ -1392,13 +1392,17 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
 
 // BLOCKS: kRowBlocks, or kRowBlocksSmall for L2-resident graphs.
 // GATv2's att gradient is a sum over every (edge, head): each lane adds its
-// items' terms to running sums in shared memory (lane-private, so no barrier;
-// registers spilled 16-128 B in the inner loop) and writes them once, to
-// p.d_att_part[gid0, f] (the launcher sums the [groups / H, H, F] partials).
-// Its groups therefore take the (item, head) pairs gid0, gid0 + S, ... for
-// S = the grid's groups, a multiple of H (one head per group), on a grid the
-// launcher caps (bwd_row_grid): partials of a few MiB instead of one fp32 [N,
-// H, F] row per item.  The other kinds take one pair per group.
+// items' terms to running sums in shared memory (lane-private, so no barrier
+// in the loop; registers spilled 16-128 B in the inner loop).  Its groups
+// therefore take the (item, head) pairs gid0, gid0 + S, ... for S = the grid's
+// groups, a multiple of H (one head per group), on a grid the launcher caps
+// (bwd_row_grid).  At the end the block sums its groups of each head (groups
+// q, q + H, ...: a fixed order) and writes one row per head to p.d_att_part
+// (where the block has fewer groups than heads, one row per group); the
+// launcher sums the [rows / H, H, F] partials.  One row per group instead
+// took 13-26 MiB at 8 heads on the 100k graphs, and its sum's staging 6-21
+// MiB more, both at the backward's peak (docs/KERNELS.md, session 37).  The
+// other kinds take one pair per group.
 template <int KIND, typename T, typename I, int VEC, int BLOCKS>
 __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<T, I> p) {
   const Group g(p.G);
@@ -1416,12 +1420,25 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
       load_item(p.work, p.rowptr, it.item, it.row, it.begin, it.end, it.slot);
       bwd_row_item<KIND, T, I, VEC>(p, g, it, datt);
     }
-#pragma unroll
-    for (int c = 0; c < kChunks<VEC>; ++c)
-      if (ft.f[c] >= 0)
-#pragma unroll
-        for (int k = 0; k < kW<VEC>; ++k)
-          p.d_att_part[gid0 * p.F + ft.f[c] + k] = datt[(c * kW<VEC> + k) * kThreads];
+    // the block's groups of head (first + q) mod H are q, q + H, ... < gpb; one
+    // row per head (rows = H), or per group where the block has fewer groups
+    // than heads.  Every thread takes (row, lane, slot) targets, the lanes and
+    // rows of one slot adjacent (8 threads with 8 rows summing 32 groups each
+    // made the pass 9-16 % slower at 8 x 10, H200, session 37)
+    const int G = p.G, gpb = kThreads / G, H = (int)p.H, rows = gpb < H ? gpb : H;
+    constexpr int J = kChunks<VEC> * kW<VEC>;
+    const int64_t first = (int64_t)blockIdx.x * gpb;   // the block's first group
+    __syncthreads();
+    for (int t = threadIdx.x; t < rows * G * J; t += kThreads) {
+      const int lg = t % G, q = (t / G) % rows, j = t / (G * rows);
+      const int c = j / kW<VEC>, k = j % kW<VEC>;
+      const int64_t x = ft.f0 + (int64_t)c * G * kW<VEC> + (int64_t)lg * kW<VEC>;   // (Feat's)
+      if (x >= p.F || x >= ft.hi) continue;
+      float s = 0.f;
+      for (int q2 = q; q2 < gpb; q2 += H) s += sums[j * kThreads + q2 * G + lg];
+      const int64_t r = gpb < H ? first + q : (int64_t)blockIdx.x * H + (first + q) % H;
+      p.d_att_part[r * p.F + x + k] = s;
+    }
   } else {
     Item it;
     if (!get_item(p, p.rowptr, it)) return;

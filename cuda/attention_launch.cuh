@@ -142,9 +142,11 @@ struct Launch {
 };
 
 // GATv2's row-pass grid (bwd_row_kernel: its groups loop over (item, head)
-// pairs with a stride of the grid's groups and keep one att-gradient partial
-// each): at most kAttWaves blocks per SM, and a whole number of heads of
-// groups.  Returns the number of groups, i.e. of partial rows.
+// pairs with a stride of the grid's groups, each with one head, and every
+// block writes one att-gradient partial row per head of its groups): at most
+// kAttWaves blocks per SM, and a whole number of heads of groups.  Returns the
+// number of partial rows, a multiple of H (row r holds head r mod H): H per
+// block, or one per group where a block has fewer groups than heads.
 constexpr int64_t kAttWaves = 8;
 inline int64_t bwd_row_grid(Launch& l, int64_t H, int G) {
   const int64_t gpb = kThreads / G;
@@ -158,7 +160,7 @@ inline int64_t bwd_row_grid(Launch& l, int64_t H, int G) {
   const int64_t q = H / std::gcd(gpb, H);   // blocks per whole number of heads
   blocks = (blocks + q - 1) / q * q;
   l.grid.x = (unsigned)blocks;
-  return blocks * gpb;
+  return blocks * std::min(gpb, H);
 }
 
 inline Launch launch_shape(int64_t items, int64_t H, int64_t F, int G, int vec) {

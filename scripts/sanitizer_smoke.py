@@ -58,6 +58,10 @@ for name in ("dot", "gatv2"):
 # head) pairs and the grid is rounded up to whole heads of groups
 smoke(KINDS["gatv2"], random_graph(12000, 12000, 30000, super_node=(400, 2)), (12000, 12000), 5,
       16, torch.float32, plans=PLANS[:2])
+# GATv2's att-gradient rows with more heads than a block has groups (16 lanes
+# per head of 128: 16 groups, 32 heads)
+smoke(KINDS["gatv2"], random_graph(200, 200, 1200, super_node=(300, 2)), (200, 200), 32, 128,
+      torch.float32, plans=PLANS[:2])
 # GAT with the node logits in the op (ops.gat_node_attention): the logits
 # kernel and its backward at aligned, unaligned and padded widths
 from pyg_dfgnn import ops  # noqa: E402

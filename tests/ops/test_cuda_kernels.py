@@ -406,6 +406,32 @@ def test_gat_backward_memory_and_determinism(kind, monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("heads,feat,nodes,dtype", [
+    (8, 12, 3000, torch.bfloat16),   # one lane per head: 256 groups a block, 8 heads' rows
+    (5, 16, 30000, torch.float32),   # 2 lanes: 128 groups, heads q, q + 5, ...; capped grid
+    (3, 300, 400, torch.float32),    # one warp per head: 8 groups, 3 heads' rows
+    (32, 128, 200, torch.float32),   # 16 lanes per head: 16 groups < 32 heads, a row per group
+])
+def test_gatv2_att_gradient_block_rows(heads, feat, nodes, dtype):
+    """GATv2's att gradient is summed per block of the row pass (its groups of
+    each head, in a fixed order) into one partial row per head and block, or
+    per group where a block has fewer groups than heads, on the capped grid
+    (cuda/attention_launch.cuh: bwd_row_grid): d_att against float64 where a
+    block's groups cover all heads several times, unevenly (5 heads), fewer
+    heads than groups and more heads than groups; repeated calls equal bit for
+    bit (a fixed summation order)."""
+    ei = random_graph(nodes, nodes, 6 * nodes, super_node=(300, 2))
+    check("gatv2", ei, nodes, nodes, heads, feat, dtype, seed=heads)
+    k = KINDS["gatv2"]
+    g = get_graph(ei.cuda(), (nodes, nodes))
+    inp = make_inputs(k, nodes, nodes, ei.size(1), heads, feat, dtype, "cuda")
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    gout = torch.randn(nodes, heads, feat, device="cuda", dtype=dtype)
+    d_att = [torch.autograd.grad(call(k, g, inp)[0], inp["att"], gout)[0] for _ in range(2)]
+    assert torch.equal(d_att[0], d_att[1])
+
+
 @pytest.mark.parametrize("feat,dtype,dropout,split", [(10, torch.float32, 0.0, None),
                                                       (20, torch.float32, 0.3, 16),
                                                       (8, torch.float16, 0.2, 16),
