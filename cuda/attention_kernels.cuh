@@ -209,11 +209,13 @@ constexpr int64_t kL2Bytes = int64_t(16) << 20;
 // GAT's atomic mode (kColAtomic, see bwd_gat_atomic): as emit-dP, but dS from a
 // Delta taken before the pass, d_src summed here and the destination rows'
 // sums added atomically, so that nothing per edge is stored.
-// Dot attention's alpha mode (kColAlpha, fp32 / fp16 heads under 128 bytes):
+// The alpha mode (kColAlpha; dot attention's fp32 / fp16 heads under 128 bytes,
+// with PYG_DFGNN_ALPHA_MODE=1 also GATv2's and bf16: attention_launch.cuh):
 // the row pass stores alpha per edge (fp32, E x H x 4 bytes: half the stored
-// mode's) and its Delta per row; this pass forms dP_ij = <dO_i, v_j> from the
-// rows it loads anyway (dO_i for d_val, v_j its own) and g, pd from them -- no
-// score and no exponential, unlike the recompute mode.
+// mode's; bf16 inputs: bf16, E x H x 2 bytes, half the packed pair's) and its
+// Delta per row; this pass forms dP_ij = <dO_i, v_j> from the rows it loads
+// anyway (dO_i for d_val, v_j its own: GATv2's value is x_src_j) and g, pd
+// from them -- no score and no exponential, unlike the recompute mode.
 enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2, kColAtomic = 3,
                      kColAlpha = 4 };
 // In the atomic mode, the rows that take the exact Delta (bwd_gat_atomic):
@@ -240,8 +242,12 @@ template <int KIND, typename T, int MODE, int VEC> constexpr int kColBlocks =
     // 64 registers and 12-180 B of spills, were faster than 3 blocks without
     // spills, and fp32 at 2 blocks took 1.3x the time of 3; H200, session 26)
     MODE == kColAtomic ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 4)
+                       // (half precision: the recomputing and alpha passes, which
+                       // hold the row pass's operands, at 2 (at 3 the alpha pass
+                       // spilled 108-344 B on the default tiles, ptxas, session 37)
                        : blocks_for(sizeof(T) == 2, DFGNN_HALF_COL_BLOCKS,
-                                    MODE == kColRecompute ? 2 : 3, DFGNN_COL_BLOCKS, 2);
+                                    MODE == kColRecompute || MODE == kColAlpha ? 2 : 3,
+                                    DFGNN_COL_BLOCKS, 2);
 // resident blocks of GAT's scalar backward passes
 #ifndef DFGNN_SCALAR_BLOCKS
 #define DFGNN_SCALAR_BLOCKS 4
@@ -1294,13 +1300,14 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
       if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
         if (p.ds) {  // stored mode (see the column pass)
           const int64_t eh = (b.base + t) * p.H + h;
-          if constexpr (kPackedEdges<T>) {
+          if (p.delta) {   // the alpha mode (kColAlpha; p.delta is set with it)
+            if constexpr (kPackedEdges<T>) reinterpret_cast<uint16_t*>(p.ds)[eh] = c10::BFloat16(alpha).x;
+            else p.ds[eh] = alpha;
+          } else if constexpr (kPackedEdges<T>) {
             reinterpret_cast<uint32_t*>(p.ds)[eh] = pack_bf16x2(gv, pdv);
-          } else if (p.pd) {
+          } else {
             p.ds[eh] = gv;
             p.pd[eh] = pdv;
-          } else {   // dot attention's alpha mode (kColAlpha)
-            p.ds[eh] = alpha;
           }
         }
         if (KIND == GAT && p.d_edge) p.d_edge[b.eo[t] * p.H + h] = from_f<T>(gv);
@@ -1476,9 +1483,10 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
 // from memory (`wide`), as the row pass does.
 template <int KIND, typename T, typename I, int VEC, int MODE>
 __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_kernel(const Params<T, I> p) {
-  constexpr bool ALPHA = MODE == kColAlpha;        // dot: alpha stored, dP formed here
+  constexpr bool ALPHA = MODE == kColAlpha;        // alpha stored, dP formed here
   constexpr bool RECOMPUTE = MODE != kColStored && !ALPHA;   // alpha recomputed here
-  static_assert(!ALPHA || KIND == DOT, "the alpha mode is dot attention's");
+  static_assert(!ALPHA || KIND == DOT || KIND == GATV2,
+                "the alpha mode is dot attention's and GATv2's");
   constexpr bool EMIT = MODE == kColEmitDP;        // GAT: write alpha~ dP, leave g to the scalar passes
   constexpr bool ATOMIC = MODE == kColAtomic;      // GAT: d_src here, row sums atomically
   static_assert(!(EMIT || ATOMIC) || KIND == GAT, "emit-dP and atomic modes are GAT's");
@@ -1529,8 +1537,11 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
 #pragma unroll
     for (int t = 0; t < B; ++t) {
       const bool ok = t < n;
-      if constexpr (ALPHA) {   // alpha (in gs) and the destination row's Delta
-        gs[t] = ok ? p.ds[(int64_t)cp[t] * H + h] : 0.f;
+      if constexpr (ALPHA) {   // alpha (in gs; bf16: one bf16 each) and the destination row's Delta
+        const int64_t eh = (int64_t)cp[t] * H + h;
+        if constexpr (kPackedEdges<T>)
+          gs[t] = ok ? __uint_as_float((uint32_t)reinterpret_cast<const uint16_t*>(p.ds)[eh] << 16) : 0.f;
+        else gs[t] = ok ? p.ds[eh] : 0.f;
         dl[t] = ok ? p.delta[(int64_t)i[t] * H + h] : 0.f;
         continue;
       }
@@ -1642,7 +1653,8 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
       float gv, pdv;
       if constexpr (ALPHA) {   // as the row pass forms them
         const float kf = t < n ? keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h) : 0.f;
-        gv = gs[t] * (dp[t] * kf - dl[t]) * p.scale;
+        gv = gs[t] * (dp[t] * kf - dl[t]);
+        if constexpr (dot_like(KIND)) gv *= p.scale;
         pdv = gs[t] * kf;
       } else if constexpr (!RECOMPUTE) {
         gv = gs[t];

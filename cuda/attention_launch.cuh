@@ -75,8 +75,8 @@ int64_t device_constant(std::atomic<int64_t> (&cache)[64], Query&& query) {
 
 // Backward column-pass mode (bwd_col_kernel): recompute alpha and dS from the
 // row statistics (nothing per edge stored; slower) or store them per edge as
-// fp32 [E, H] x 2 in the row pass (faster; dot attention's narrow fp32 / fp16
-// heads: alpha alone, kColAlpha).  PYG_DFGNN_BACKWARD = "store" |
+// fp32 [E, H] x 2 in the row pass (faster; bf16: one array of bf16 pairs;
+// dot attention's and GATv2's narrow heads: alpha alone, kColAlpha).  PYG_DFGNN_BACKWARD = "store" |
 // "recompute" | "auto" (default): auto recomputes when the two arrays would
 // take more than a quarter of the device memory the caching allocator has not
 // handed out (total - allocated; the total is asked of the driver once per
@@ -395,18 +395,24 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
   gat_src_pass<T, I, true>(p, sc, cs.split, stream);
 }
 
-// Dot attention's alpha mode (kColAlpha, bwd_impl): on unless
-// PYG_DFGNN_ALPHA_MODE=0 (the stored mode's two arrays instead: for A/B runs
-// and the tests that compare the two)
-inline bool alpha_mode_on() {
+// The alpha mode (kColAlpha, bwd_impl), PYG_DFGNN_ALPHA_MODE: unset = where
+// it is the faster stored form (dot attention's fp32 / fp16 heads under
+// kWideHeadBytes); "1" = wherever it applies, GATv2's and bf16 heads too (a
+// leaner stored mode: bf16 keeps 2 bytes per (edge, head) instead of its
+// packed pair's 4, GATv2 fp32 4 instead of 8, at 0.98-1.06x the GPU time of a
+// layer forward+backward, H200, docs/KERNELS.md, session 37); "0" = never
+// (the stored mode's pairs: for A/B runs and the tests that compare the two).
+// -1 unset, 0, 1.
+inline int alpha_mode_request() {
   const char* env = std::getenv("PYG_DFGNN_ALPHA_MODE");
-  return !(env && std::strcmp(env, "0") == 0);
+  if (!env || !*env) return -1;
+  return std::strcmp(env, "0") == 0 ? 0 : 1;
 }
 
-// the alpha mode's column pass (instantiated for dot attention in fp32 / fp16 only)
+// the alpha mode's column pass (instantiated for dot attention and GATv2 only)
 template <int KIND, typename T, typename I, int VEC>
 void col_alpha(const Launch& l, const Params<T, I>& p, cudaStream_t stream) {
-  if constexpr (KIND == DOT && !kPackedEdges<T>)
+  if constexpr (KIND == DOT || KIND == GATV2)
     bwd_col_kernel<KIND, T, I, VEC, kColAlpha><<<l.grid, kThreads, 0, stream>>>(p);
 }
 
@@ -449,13 +455,19 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     }
   }
   // (after GAT's atomic mode, which needs no device statistics)
-  // dot attention's alpha mode (kColAlpha) where it stores: fp32 / fp16 heads
-  // under kWideHeadBytes (128) without edge features, where the stored mode's two arrays
-  // (E x H x 8 bytes) outweigh the heads
-  const bool alpha_ok = KIND == DOT && !kPackedEdges<T> && !fa.edge.defined() &&
-                        p.F * (int64_t)sizeof(T) < kWideHeadBytes && alpha_mode_on();
-  const bool recompute =
-      E > 0 && recompute_backward(E * p.H * (gat_single || kPackedEdges<T> || alpha_ok ? 4 : 8));
+  // the alpha mode (kColAlpha) where it stores: heads under kWideHeadBytes
+  // (128) without edge features, where the stored mode's arrays (E x H x 8
+  // bytes, bf16's packed pairs 4) outweigh the heads; by default dot
+  // attention's fp32 / fp16 heads, with PYG_DFGNN_ALPHA_MODE=1 also GATv2's
+  // and bf16 (alpha_mode_request).  Alpha in fp32 (4 bytes), bf16's in bf16
+  // (2: as the packed pair rounds g and alpha~ to bf16)
+  const int alpha_req = alpha_mode_request();
+  const bool alpha_ok = (KIND == DOT || KIND == GATV2) && !fa.edge.defined() &&
+                        p.F * (int64_t)sizeof(T) < kWideHeadBytes &&
+                        (alpha_req == 1 || (alpha_req < 0 && KIND == DOT && !kPackedEdges<T>));
+  const int64_t edge_bytes = alpha_ok ? (kPackedEdges<T> ? 2 : 4)
+                             : gat_single || kPackedEdges<T> ? 4 : 8;
+  const bool recompute = E > 0 && recompute_backward(E * p.H * edge_bytes);
   const bool alpha_mode = alpha_ok && !recompute;
   if constexpr (kSingle) {
     if (gat_single && !recompute) {
@@ -482,8 +494,13 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.delta = delta.data_ptr<float>();
   }
   if (alpha_mode) {
-    ds = at::empty({E, p.H}, fo);
-    p.ds = mptr<float>(ds);
+    if constexpr (kPackedEdges<T>) {   // bf16 alpha
+      ds = at::empty({E, p.H}, fo.dtype(at::kShort));
+      p.ds = reinterpret_cast<float*>(ds.data_ptr<int16_t>());
+    } else {
+      ds = at::empty({E, p.H}, fo);
+      p.ds = mptr<float>(ds);
+    }
   } else if (!recompute) {
     if constexpr (kPackedEdges<T>) {   // one array of (g, pd) bf16 pairs
       ds = at::empty({E, p.H}, fo.dtype(at::kInt));

@@ -360,7 +360,8 @@ def explain_schedule(graph: CSRGraph, kind: int = 0, feat: int = 64, heads: int 
 
 
 #: the head width in bytes under which dot attention's stored backward keeps
-#: alpha alone per edge (cuda/attention_api.h: kWideHeadBytes)
+#: alpha alone per edge (cuda/attention_api.h: kWideHeadBytes; GATv2 and bf16
+#: too with ``PYG_DFGNN_ALPHA_MODE=1``)
 WIDE_HEAD_BYTES = 128
 
 
@@ -371,6 +372,7 @@ def backward_path(kind: int, heads: int, feat: Optional[int] = None,
     bwd_impl), in stored mode and in recompute mode
     (:data:`pyg_dfgnn.ops.fused.BACKWARD_MODES`)."""
     from .ops.reference import DOT, GAT
+    half = (dtype == torch.bfloat16)   # (bf16: per-edge values in bf16, kPackedEdges)
     if kind == GAT and heads <= 32:   # cuda/attention_launch.cuh: bwd_gat_single_gather
         stored = ("one feature gather per edge (column pass emitting alpha~ dP, then scalar "
                   "row and source passes; stored mode keeps E x H x 4 bytes)")
@@ -378,7 +380,13 @@ def backward_path(kind: int, heads: int, feat: Optional[int] = None,
           and feat * torch.finfo(dtype).bits // 8 < WIDE_HEAD_BYTES):   # kColAlpha
         stored = ("row pass + column pass forming dP; stored mode keeps fp32 alpha per edge "
                   "(E x H x 4 bytes; without edge features, else g and alpha~: E x H x 8)")
+    elif half:
+        stored = ("row pass + column pass; stored mode keeps bf16 g and alpha~ per edge "
+                  "(E x H x 4 bytes)")
     else:
         stored = ("row pass + column pass; stored mode keeps fp32 g and alpha~ per edge "
                   "(E x H x 8 bytes)")
-    return f"{stored}; recompute mode: row pass + recomputing column pass (nothing per edge)"
+    lean = ("" if kind == GAT else "; PYG_DFGNN_ALPHA_MODE=1: alpha alone at heads under "
+            f"{WIDE_HEAD_BYTES} bytes without edge features (bf16: E x H x 2 bytes)")
+    return (f"{stored}; recompute mode: row pass + recomputing column pass (nothing per "
+            f"edge){lean}")

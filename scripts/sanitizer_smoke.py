@@ -59,9 +59,19 @@ for name in ("dot", "gatv2"):
 smoke(KINDS["gatv2"], random_graph(12000, 12000, 30000, super_node=(400, 2)), (12000, 12000), 5,
       16, torch.float32, plans=PLANS[:2])
 # GATv2's att-gradient rows with more heads than a block has groups (16 lanes
-# per head of 128: 16 groups, 32 heads)
+# per head of 128: 16 groups, 32 heads); and the alpha mode forced where it is
+# not the default (PYG_DFGNN_ALPHA_MODE=1: GATv2, and bf16's alpha in bf16),
+# stored, without edge features, with split rows and columns
 smoke(KINDS["gatv2"], random_graph(200, 200, 1200, super_node=(300, 2)), (200, 200), 32, 128,
       torch.float32, plans=PLANS[:2])
+import os  # noqa: E402
+os.environ["PYG_DFGNN_ALPHA_MODE"], os.environ["PYG_DFGNN_BACKWARD"] = "1", "store"
+for name in ("dot", "gatv2"):
+    for dtype in (torch.float32, torch.bfloat16):
+        for feat in (8, 10, 19):
+            ei = random_graph(60, 50, 300, super_node=(400, 2))
+            smoke(KINDS[name], ei, (60, 50), 2, feat, dtype, edge=False)
+del os.environ["PYG_DFGNN_ALPHA_MODE"], os.environ["PYG_DFGNN_BACKWARD"]
 # GAT with the node logits in the op (ops.gat_node_attention): the logits
 # kernel and its backward at aligned, unaligned and padded widths
 from pyg_dfgnn import ops  # noqa: E402

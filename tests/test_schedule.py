@@ -171,14 +171,19 @@ def test_auto_group_and_split():
     assert schedule.MIN_SPLIT <= s <= schedule.MAX_SPLIT and s & (s - 1) == 0
 
 
-def test_backward_path_names_dot_attentions_alpha_mode():
-    """explain_schedule's backward line: dot attention's stored mode keeps alpha
-    alone at fp32 / fp16 heads under 128 bytes (cuda/attention_launch.cuh:
-    kColAlpha), g and alpha~ elsewhere."""
-    from pyg_dfgnn.ops.reference import DOT, GATV2
+def test_backward_path_names_the_alpha_mode():
+    """explain_schedule's backward line: dot attention's stored mode keeps fp32
+    alpha alone at fp32 / fp16 heads under 128 bytes (cuda/attention_launch.cuh:
+    kColAlpha), g and alpha~ elsewhere (bf16: one array of bf16 pairs); the
+    line names PYG_DFGNN_ALPHA_MODE=1's leaner mode where it applies."""
+    from pyg_dfgnn.ops.reference import DOT, GAT, GATV2
     from pyg_dfgnn.schedule import backward_path
-    assert "alpha per edge (E x H x 4" in backward_path(DOT, 8, 10, torch.float32)
-    assert "alpha per edge (E x H x 4" in backward_path(DOT, 8, 19, torch.float16)
-    for args in ((DOT, 4, 64, torch.float32), (DOT, 8, 10, torch.bfloat16),
-                 (GATV2, 8, 10, torch.float32), (DOT, 8)):
-        assert "E x H x 8 bytes)" in backward_path(*args), args
+    assert "fp32 alpha per edge (E x H x 4" in backward_path(DOT, 8, 10, torch.float32)
+    assert "fp32 alpha per edge (E x H x 4" in backward_path(DOT, 8, 19, torch.float16)
+    for args in ((DOT, 4, 64, torch.float32), (GATV2, 8, 10, torch.float32), (DOT, 8),
+                 (GAT, 40, 10, torch.float32)):
+        assert "fp32 g and alpha~ per edge (E x H x 8 bytes)" in backward_path(*args), args
+    for args in ((DOT, 8, 10, torch.bfloat16), (GATV2, 8, 20, torch.bfloat16)):
+        assert "bf16 g and alpha~ per edge (E x H x 4 bytes)" in backward_path(*args), args
+    assert "PYG_DFGNN_ALPHA_MODE=1" in backward_path(GATV2, 8, 10, torch.bfloat16)
+    assert "PYG_DFGNN_ALPHA_MODE" not in backward_path(GAT, 8, 10, torch.float32)

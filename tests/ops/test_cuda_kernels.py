@@ -432,33 +432,68 @@ def test_gatv2_att_gradient_block_rows(heads, feat, nodes, dtype):
     assert torch.equal(d_att[0], d_att[1])
 
 
+@pytest.mark.parametrize("kind", ["dot", "gatv2"])
 @pytest.mark.parametrize("feat,dtype,dropout,split", [(10, torch.float32, 0.0, None),
                                                       (20, torch.float32, 0.3, 16),
                                                       (8, torch.float16, 0.2, 16),
-                                                      (12, torch.float16, 0.0, None)])
-def test_alpha_mode_agrees_with_store(feat, dtype, dropout, split, monkeypatch):
-    """Dot attention's stored mode at heads under 128 bytes without edge
-    features keeps alpha only (kColAlpha: the column pass forms dP itself, on
-    the row pass's lane layout, and g from the row pass's Delta): its
-    gradients equal those of the two-array stored mode
-    (``PYG_DFGNN_ALPHA_MODE=0``) to 16 fp32 roundings of the largest gradient
-    (then one rounding to dtype), with dropout and split rows / columns, and
-    match the float64 reference; its backward keeps one [E, H] fp32 array and
-    the rows' Delta [N, H], not two [E, H] arrays."""
-    k = KINDS["dot"]
+                                                      (12, torch.float16, 0.0, None),
+                                                      (10, torch.bfloat16, 0.2, 16),
+                                                      (20, torch.bfloat16, 0.0, None)])
+def test_alpha_mode_agrees_with_store(kind, feat, dtype, dropout, split, monkeypatch):
+    """The stored mode at heads under 128 bytes without edge features keeps
+    alpha only (kColAlpha: the column pass forms dP itself, on the row pass's
+    lane layout, and g from the row pass's Delta) -- dot attention's fp32 /
+    fp16 by default, GATv2's and bf16 with ``PYG_DFGNN_ALPHA_MODE=1`` --
+    with dropout and split rows / columns: both modes match the float64
+    reference; in fp32 / fp16 the gradients equal those of the two-array stored
+    mode (``PYG_DFGNN_ALPHA_MODE=0``) to 16 fp32 roundings of the largest
+    gradient (then one rounding to dtype).  (bf16: the packed pairs round g and
+    alpha~ to bf16, the alpha mode alpha, so the two differ by bf16 roundings of
+    every term; the float64 checks bound both.)  The backward keeps one [E, H]
+    array (fp32; bf16 inputs: bf16) and the rows' Delta [N, H] instead of two
+    fp32 [E, H] arrays (bf16: one array of bf16 pairs)."""
+    k = KINDS[kind]
     ei, g, inp = _modes_case(k, feat, dtype, edge=False)
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
     grads, extra = {}, {}
     for mode in ("1", "0"):
         monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", mode)
-        check("dot", ei, 150, 150, 3, feat, dtype, dropout=dropout, seed=feat, split=split)
+        check(kind, ei, 150, 150, 3, feat, dtype, dropout=dropout, seed=feat, split=split)
         grads[mode], gout = _seeded_grads(k, g, inp, dropout, split)
         extra[mode] = _backward_extra(k, g, inp, gout)[0]
+    if dtype == torch.bfloat16:
+        return   # (its per-edge memory: test_bf16_alpha_mode_keeps_two_bytes_per_edge)
     for n, (a, b) in enumerate(zip(grads["1"], grads["0"])):
         tol = (16 * 2.0 ** -24 + _unit(dtype)) * b.abs().max().item()
         torch.testing.assert_close(a, b, rtol=0, atol=tol, msg=str(n))
     per_edge_array, delta = ei.size(1) * 3 * 4, 150 * 3 * 4
     assert extra["0"] - extra["1"] >= per_edge_array - delta - 512, (extra, per_edge_array)
+
+
+@pytest.mark.parametrize("kind", ["dot", "gatv2"])
+def test_bf16_alpha_mode_keeps_two_bytes_per_edge(kind, monkeypatch):
+    """bf16's alpha mode (``PYG_DFGNN_ALPHA_MODE=1``) keeps alpha as one bf16
+    per (edge, head): on a graph of 10^6 edges and 8 heads of 8 (16 bytes) the
+    stored backward's peak holds that 16 MB array and not the packed (g,
+    alpha~) pairs' 32 MB (the default), next to O(N H F) gradients (~1 MB);
+    gradients finite and the float64 check passed on this graph."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
+    monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", "1")
+    N, E, H, F = 2000, 1_000_000, 8, 8
+    ei = random_graph(N, N, E, generator=torch.Generator().manual_seed(7))
+    check(kind, ei, N, N, H, F, torch.bfloat16, seed=7)
+    k = KINDS[kind]
+    g = get_graph(ei.cuda(), (N, N))
+    inp = make_inputs(k, N, N, ei.size(1), H, F, torch.bfloat16, "cuda")
+    for v in leaves(inp):
+        v.requires_grad_(True)
+    gout = torch.randn(N, H, F, device="cuda", dtype=torch.bfloat16)
+    alpha_array = ei.size(1) * H * 2
+    extra, grads = _backward_extra(k, g, inp, gout)
+    assert alpha_array <= extra < 2 * alpha_array - alpha_array // 4, (extra, alpha_array)
+    assert all(torch.isfinite(x).all() for x in grads)
+    monkeypatch.delenv("PYG_DFGNN_ALPHA_MODE")
+    assert _backward_extra(k, g, inp, gout)[0] >= 2 * alpha_array
 
 
 def test_backward_mode_env_is_checked(monkeypatch):
