@@ -76,7 +76,8 @@ int64_t device_constant(std::atomic<int64_t> (&cache)[64], Query&& query) {
 // Backward column-pass mode (bwd_col_kernel): recompute alpha and dS from the
 // row statistics (nothing per edge stored; slower) or store them per edge as
 // fp32 [E, H] x 2 in the row pass (faster; bf16: one array of bf16 pairs;
-// dot attention's and GATv2's narrow heads: alpha alone, kColAlpha).  PYG_DFGNN_BACKWARD = "store" |
+// dot attention's narrow fp32 / fp16 heads: alpha alone, kColAlpha, and with
+// PYG_DFGNN_ALPHA_MODE=1 GATv2's and bf16's too).  PYG_DFGNN_BACKWARD = "store" |
 // "recompute" | "auto" (default): auto recomputes when the two arrays would
 // take more than a quarter of the device memory the caching allocator has not
 // handed out (total - allocated; the total is asked of the driver once per
