@@ -214,8 +214,8 @@ def _render(header: List[str], body: List[List[str]], nleft: int = 4,
 
 
 def _markdown(header: List[str], body: List[List[str]]) -> str:
-    def cell(c: str) -> str:
-        return c.replace("|", "\\|")
+    def cell(c: str) -> str:   # (literal | and * : the targets' marks are stars)
+        return c.replace("|", "\\|").replace("*", "\\*")
     out = ["| " + " | ".join(cell(h) for h in header) + " |",
            "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
@@ -340,10 +340,47 @@ def dtype_ratios(rows: List[Dict[str, Any]], contender: str = "fused",
     return out
 
 
+#: issue 11's layer targets per (shape, dtype): the fused layer's forward and
+#: forward+backward speed-up over PyG's layer with the same weights
+SPEED_TARGETS = {("4x64", "float32"): (12.0, 7.0), ("8x10", "float32"): (10.0, 6.0),
+                 ("8x19", "float32"): (10.0, 6.0), ("4x64", "bfloat16"): (10.0, 6.0),
+                 ("8x10", "bfloat16"): (10.0, 6.0), ("8x19", "bfloat16"): (10.0, 6.0)}
+#: ... and at every one of those shapes, PyG's peak memory of forward+backward
+#: over the fused layer's
+MEMORY_TARGET = 12.0
+#: the graphs issue 11 measures on (configs/bench_default.yaml's names)
+TARGET_GRAPHS = ("uniform_100k", "powerlaw_100k", "pattern_128")
+
+
+def issue_targets(rows: List[Dict[str, Any]], contender: str = "fused",
+                  graphs: Sequence[str] = TARGET_GRAPHS) -> Dict[str, Any]:
+    """Issue 11's layer cells: per (case, shape, dtype) of :data:`SPEED_TARGETS`
+    and graph of ``graphs`` where ``contender`` and its baseline ran, the
+    forward and forward+backward speed-ups and the baseline's peak memory over
+    ours, each against its target.  ``{"cells": [...], "count": n, "met":
+    {"fwd": n, "fwdbwd": n, "memory": n}}``; a cell that did not run (OOM,
+    mismatch, ...) counts as not met.  Call :func:`add_speedups` first."""
+    cells = []
+    for r in rows:
+        key = (r.get("shape"), r.get("dtype"))
+        if (r.get("section") != "layer" or r.get("contender") != contender
+                or key not in SPEED_TARGETS or r.get("graph") not in graphs):
+            continue
+        t_fwd, t_fb = SPEED_TARGETS[key]
+        mem = 1.0 / r["mem_ratio"] if r.get("mem_ratio") else None
+        x = {"fwd": r.get("speedup_fwd"), "fwdbwd": r.get("speedup_fwdbwd"), "memory": mem}
+        targets = {"fwd": t_fwd, "fwdbwd": t_fb, "memory": MEMORY_TARGET}
+        cells.append({"case": r.get("case"), "shape": key[0], "dtype": key[1],
+                      "graph": r.get("graph"), "x": x, "target": targets,
+                      "met": {k: x[k] is not None and x[k] >= targets[k] for k in x}})
+    met = {k: sum(c["met"][k] for c in cells) for k in ("fwd", "fwdbwd", "memory")}
+    return {"cells": cells, "count": len(cells), "met": met}
+
+
 def summary_data(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The aggregates of the summary, for ``results.json``."""
     return {"by_shape_dtype": shape_dtype_summary(rows), "dtype_ratios": dtype_ratios(rows),
-            "dtype_ratio_target": DTYPE_RATIO_TARGET}
+            "dtype_ratio_target": DTYPE_RATIO_TARGET, "issue_targets": issue_targets(rows)}
 
 
 def _short_dtype(dt: Any) -> str:
@@ -404,6 +441,27 @@ def summary_blocks(rows: List[Dict[str, Any]]) -> List[tuple]:
                        f"target: <= {DTYPE_RATIO_TARGET:g} on every graph)",
                        ["section", "case", "shape", "ratio"] + graphs
                        + ["median", "max", f"<= {DTYPE_RATIO_TARGET:g}"], body, 4))
+    tg = issue_targets(rows)
+    if tg["count"]:
+        graphs = [g for g in TARGET_GRAPHS if any(c["graph"] == g for c in tg["cells"])]
+        by = {(c["case"], c["shape"], c["dtype"], c["graph"]): c for c in tg["cells"]}
+
+        def cell(c):
+            if c is None:
+                return "-"
+            return " / ".join(_f(c["x"][k], "{:.1f}") + ("" if c["met"][k] else "*")
+                              for k in ("fwd", "fwdbwd", "memory"))
+        body = [[case, shape, _short_dtype(dt)] + [cell(by.get((case, shape, dt, g)))
+                                                   for g in graphs]
+                for case, shape, dt in _ordered_keys(tg["cells"], lambda c: (
+                    c["case"], c["shape"], c["dtype"]))]
+        n, m = tg["count"], tg["met"]
+        blocks.append((f"issue 11 targets per cell: x forward / x forward+backward / "
+                       f"baseline's peak memory over ours (* = below: 12x / 7x at 4x64 "
+                       f"fp32, else 10x / 6x; memory {MEMORY_TARGET:g}x); met: forward "
+                       f"{m['fwd']}/{n}, forward+backward {m['fwdbwd']}/{n}, memory "
+                       f"{m['memory']}/{n}",
+                       ["case", "shape", "dtype"] + graphs, body, 3))
     return blocks
 
 

@@ -111,3 +111,52 @@ def test_plots_one_row_per_shape_and_dtype(tmp_path):
     paths = report.plot_all(rows, {"device": "cpu"}, str(tmp_path))
     with open(paths["speedup_layer"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_issue_targets_count_cells(tmp_path):
+    """Issue 11's per-cell targets: forward 12x / forward+backward 7x at 4x64
+    fp32, 10x / 6x at the other targeted shapes, PyG's peak memory >= 12x
+    ours; only the targeted shapes and graphs count, and a fused case that did
+    not run counts as not met."""
+    def row(graph, shape, dtype, contender, fwd, fb, mb, status="ok"):
+        r = _row(graph, "gat", shape, dtype, contender, fwd, fb, status)
+        r["fwdbwd_peak_mb"] = mb if status == "ok" else None
+        return r
+    rows = [
+        # 4x64 fp32: forward 12.0x (met), f+b 6.9x (below 7), memory 12.5x (met)
+        row("uniform_100k", "4x64", "float32", "pyg", 12.0, 69.0, 125.0),
+        row("uniform_100k", "4x64", "float32", "fused", 1.0, 10.0, 10.0),
+        # 8x10 bf16: forward 9.9x (below 10), f+b 6.0x (met), memory 11.9x (below)
+        row("pattern_128", "8x10", "bfloat16", "pyg", 9.9, 60.0, 119.0),
+        row("pattern_128", "8x10", "bfloat16", "fused", 1.0, 10.0, 10.0),
+        # a fused case that did not run
+        row("powerlaw_100k", "8x10", "bfloat16", "pyg", 10.0, 60.0, 120.0),
+        row("powerlaw_100k", "8x10", "bfloat16", "fused", 0, 0, 0, status="oom"),
+        # not counted: another graph, an untargeted shape and dtype
+        row("cora", "8x10", "bfloat16", "pyg", 100.0, 100.0, 100.0),
+        row("cora", "8x10", "bfloat16", "fused", 1.0, 1.0, 1.0),
+        row("uniform_100k", "2x128", "float32", "pyg", 100.0, 100.0, 100.0),
+        row("uniform_100k", "2x128", "float32", "fused", 1.0, 1.0, 1.0),
+        row("uniform_100k", "8x10", "float16", "pyg", 100.0, 100.0, 100.0),
+        row("uniform_100k", "8x10", "float16", "fused", 1.0, 1.0, 1.0),
+    ]
+    report.add_speedups(rows)
+    t = report.issue_targets(rows)
+    assert t["count"] == 3 and t["met"] == {"fwd": 1, "fwdbwd": 1, "memory": 1}
+    by = {(c["graph"], c["shape"]): c for c in t["cells"]}
+    c = by[("uniform_100k", "4x64")]
+    assert c["target"] == {"fwd": 12.0, "fwdbwd": 7.0, "memory": 12.0}
+    assert c["met"] == {"fwd": True, "fwdbwd": False, "memory": True}
+    assert c["x"]["memory"] == pytest.approx(12.5)
+    assert by[("pattern_128", "8x10")]["met"] == {"fwd": False, "fwdbwd": True, "memory": False}
+    assert by[("powerlaw_100k", "8x10")]["met"] == {"fwd": False, "fwdbwd": False,
+                                                   "memory": False}
+    report.write_all(rows, {"device": "cpu"}, {}, str(tmp_path), plots=False)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "met: forward 1/3, forward+backward 1/3, memory 1/3" in summary
+    lines = [ln.split() for ln in summary.splitlines() if ln.split()[:3] == ["gat", "4x64", "fp32"]]
+    assert lines == [["gat", "4x64", "fp32", "12.0", "/", "6.9*", "/", "12.5", "-", "-"]]
+    md = (tmp_path / "summary.md").read_text()
+    assert "| gat | 4x64 | fp32 | 12.0 / 6.9\\* / 12.5 | - | - |" in md
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["summary"]["issue_targets"]["met"] == {"fwd": 1, "fwdbwd": 1, "memory": 1}
