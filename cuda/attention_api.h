@@ -17,10 +17,10 @@ inline std::atomic<int>& forced_backward_mode() {
 }
 
 // A head width in bytes from which a head's node rows outweigh its per-edge
-// arrays: below it, dot attention's backward stores alpha alone per edge (GATv2's
-// and bf16's too with PYG_DFGNN_ALPHA_MODE=1)
-// (kColAlpha, attention_launch.cuh) and the layer ops take the backward's
-// Delta from their output instead of saving the attention output besides it
+// arrays: below it, dot attention's backward stores alpha alone per edge
+// (kColAlpha, attention_launch.cuh; GATv2's and bf16's too with
+// PYG_DFGNN_ALPHA_MODE=1), and the layer ops take the backward's Delta from
+// their output instead of saving the attention output besides it
 // (dfgnn_ops.cpp, delta_source).
 constexpr int64_t kWideHeadBytes = 128;
 

@@ -1540,7 +1540,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
       if constexpr (ALPHA) {   // alpha (in gs; bf16: one bf16 each) and the destination row's Delta
         const int64_t eh = (int64_t)cp[t] * H + h;
         if constexpr (kPackedEdges<T>)
-          gs[t] = ok ? __uint_as_float((uint32_t)reinterpret_cast<const uint16_t*>(p.ds)[eh] << 16) : 0.f;
+          gs[t] = ok ? bf16_lo(reinterpret_cast<const uint16_t*>(p.ds)[eh]) : 0.f;
         else gs[t] = ok ? p.ds[eh] : 0.f;
         dl[t] = ok ? p.delta[(int64_t)i[t] * H + h] : 0.f;
         continue;

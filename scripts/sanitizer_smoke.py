@@ -2,6 +2,7 @@
 
     compute-sanitizer --tool memcheck python scripts/sanitizer_smoke.py
 """
+import os
 import sys
 from pathlib import Path
 
@@ -64,7 +65,6 @@ smoke(KINDS["gatv2"], random_graph(12000, 12000, 30000, super_node=(400, 2)), (1
 # stored, without edge features, with split rows and columns
 smoke(KINDS["gatv2"], random_graph(200, 200, 1200, super_node=(300, 2)), (200, 200), 32, 128,
       torch.float32, plans=PLANS[:2])
-import os  # noqa: E402
 os.environ["PYG_DFGNN_ALPHA_MODE"], os.environ["PYG_DFGNN_BACKWARD"] = "1", "store"
 for name in ("dot", "gatv2"):
     for dtype in (torch.float32, torch.bfloat16):
