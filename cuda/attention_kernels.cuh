@@ -118,6 +118,22 @@ template <typename T> constexpr int kAgnnWideChunks = sizeof(T) == 4 ? 4 : 3;
 #ifndef DFGNN_WIDE_COL_BATCH
 #define DFGNN_WIDE_COL_BATCH 2
 #endif
+// ... except on graphs of short columns (mean column length E / N_src up to
+// kShortCols, chosen at launch: attention_launch.cuh, launch_col), where the
+// fp32 wide tiles' column passes and the fp16 / bf16 recomputing one take one
+// edge per batch.  They then compile without spills or with fewer (fp32 alpha
+// 88-152 B -> 0, recompute 248-300 -> 0, stored 16-48 -> 0; bf16 recompute
+// 192-384 -> 0-132; ptxas, nvcc 13.0, sm_90), and on the 100k-node graphs
+// (columns of 14-16 edges) the fp32 column pass took 0.85-0.95x the time
+// (recompute 0.67-0.85x); on a PATTERN batch (51 per column) 1.03-1.17x,
+// where two gathers in flight per lane group hide more.  Not dot attention's
+// fp32 alpha pass on heads of 10 (WIDE8X5): 1.03-1.17x everywhere; nor the
+// half-precision alpha pass: 1.07x (H100, docs/KERNELS.md, session 38).  0
+// turns it off.
+#ifndef DFGNN_SHORT_COL_BATCH
+#define DFGNN_SHORT_COL_BATCH 1
+#endif
+constexpr int64_t kShortCols = 32;
 // Resident blocks per SM the compiler must allow (register cap 65536 /
 // (kThreads * blocks)): 2 -> 128 registers, 3 -> 80, 4 -> 64.  The kernels
 // are latency-bound gathers (docs/KERNELS.md, session 7), so occupancy is
@@ -218,6 +234,13 @@ constexpr int64_t kL2Bytes = int64_t(16) << 20;
 // from them -- no score and no exponential, unlike the recompute mode.
 enum ColMode : int { kColStored = 0, kColRecompute = 1, kColEmitDP = 2, kColAtomic = 3,
                      kColAlpha = 4 };
+// (the column pass's edges per batch on short columns, or 0: see
+// DFGNN_SHORT_COL_BATCH)
+template <typename T, int VEC, int MODE> constexpr int kShortColBatch =
+    DFGNN_SHORT_COL_BATCH && kWide<VEC> &&
+            (sizeof(T) == 4 ? !(MODE == kColAlpha && VEC == 2 + 16 * kWide8Chunks5)
+                            : MODE == kColRecompute)
+        ? DFGNN_SHORT_COL_BATCH : 0;
 // In the atomic mode, the rows that take the exact Delta (bwd_gat_atomic):
 // those one edge dominates, alpha_max =
 // 1 / l_i > 1/2 (log l_i < log 2; the forward's lse_l), degree-1 rows among
@@ -1481,7 +1504,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
 // row pass; tests/nn/test_fuzz.py covers such rows).  The score needs its operand
 // rows over all features: a launch column adds the features outside its tile
 // from memory (`wide`), as the row pass does.
-template <int KIND, typename T, typename I, int VEC, int MODE>
+template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH = 0>
 __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_kernel(const Params<T, I> p) {
   constexpr bool ALPHA = MODE == kColAlpha;        // alpha stored, dP formed here
   constexpr bool RECOMPUTE = MODE != kColStored && !ALPHA;   // alpha recomputed here
@@ -1490,8 +1513,10 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   constexpr bool EMIT = MODE == kColEmitDP;        // GAT: write alpha~ dP, leave g to the scalar passes
   constexpr bool ATOMIC = MODE == kColAtomic;      // GAT: d_src here, row sums atomically
   static_assert(!(EMIT || ATOMIC) || KIND == GAT, "emit-dP and atomic modes are GAT's");
-  constexpr int B = (EMIT || ATOMIC) ? DFGNN_EMIT_BATCH
-                         : kWide<VEC> ? DFGNN_WIDE_COL_BATCH : kColBatch<KIND, RECOMPUTE, T>;
+  // (BATCH: the launcher's choice of edges per batch, kShortColBatch; 0 = the rule here)
+  constexpr int B = BATCH > 0 ? BATCH
+                    : (EMIT || ATOMIC) ? DFGNN_EMIT_BATCH
+                    : kWide<VEC> ? DFGNN_WIDE_COL_BATCH : kColBatch<KIND, RECOMPUTE, T>;
   constexpr int NC = kChunks<VEC>;
   const Group g(p.G);
   Item it;

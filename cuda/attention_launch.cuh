@@ -410,11 +410,26 @@ inline int alpha_mode_request() {
   return std::strcmp(env, "0") == 0 ? 0 : 1;
 }
 
+// A column pass in mode MODE: on graphs of short columns (mean length E /
+// N_src up to kShortCols), the instantiation of kShortColBatch edges per batch
+// where there is one (fp32 wide tiles; attention_kernels.cuh)
+template <int KIND, typename T, typename I, int VEC, int MODE>
+void launch_col(const Launch& l, const Params<T, I>& p, bool short_cols, cudaStream_t stream) {
+  constexpr int kShort = kShortColBatch<T, VEC, MODE>;
+  if constexpr (kShort > 0) {
+    if (short_cols) {
+      bwd_col_kernel<KIND, T, I, VEC, MODE, kShort><<<l.grid, kThreads, 0, stream>>>(p);
+      return;
+    }
+  }
+  bwd_col_kernel<KIND, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
+}
+
 // the alpha mode's column pass (instantiated for dot attention and GATv2 only)
 template <int KIND, typename T, typename I, int VEC>
-void col_alpha(const Launch& l, const Params<T, I>& p, cudaStream_t stream) {
+void col_alpha(const Launch& l, const Params<T, I>& p, bool short_cols, cudaStream_t stream) {
   if constexpr (KIND == DOT || KIND == GATV2)
-    bwd_col_kernel<KIND, T, I, VEC, kColAlpha><<<l.grid, kThreads, 0, stream>>>(p);
+    launch_col<KIND, T, I, VEC, kColAlpha>(l, p, short_cols, stream);
 }
 
 template <int KIND, typename T, typename I, int VEC>
@@ -593,9 +608,10 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.part2 = cpart2.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    if (recompute) bwd_col_kernel<KIND, T, I, VEC, kColRecompute><<<l.grid, kThreads, 0, stream>>>(p);
-    else if (alpha_mode) col_alpha<KIND, T, I, VEC>(l, p, stream);
-    else bwd_col_kernel<KIND, T, I, VCOL, kColStored><<<l.grid, kThreads, 0, stream>>>(p);
+    const bool short_cols = E <= kShortCols * std::max<int64_t>(Ns, 1);
+    if (recompute) launch_col<KIND, T, I, VEC, kColRecompute>(l, p, short_cols, stream);
+    else if (alpha_mode) col_alpha<KIND, T, I, VEC>(l, p, short_cols, stream);
+    else launch_col<KIND, T, I, VCOL, kColStored>(l, p, short_cols, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0) {

@@ -52,6 +52,28 @@ def test_gatv2_att_gradient_on_a_capped_grid(heads, feat, dtype):
 
 
 @pytest.mark.parametrize("kind", ["dot", "gatv2", "dot_kscale"])
+@pytest.mark.parametrize("heads,feat", [(8, 10), (8, 19), (1, 152)])
+@pytest.mark.parametrize("mode", ["store", "recompute"])
+@pytest.mark.parametrize("per_column", [6, 60])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_column_batch_on_short_and_long_columns(kind, heads, feat, mode, per_column, dtype,
+                                                monkeypatch):
+    """The wide tiles' column pass takes one edge per batch on graphs whose
+    mean column length E / N_src is at most 32 (fp32: every mode but dot
+    attention's alpha pass on heads of 10; fp16 / bf16: the recomputing pass),
+    two on longer columns (cuda/attention_kernels.cuh: kShortColBatch;
+    attention_launch.cuh: launch_col): heads of 10 (fp32: five 8-byte chunks),
+    19 (padded to 20) and 152, in the stored mode (dot attention's fp32 alpha
+    pass) and the recomputing one, with split rows and a super node, every
+    gradient against float64."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
+    ns, nd = 120, 240
+    ei = random_graph(ns, nd, ns * per_column, super_node=(900, 5))
+    assert (ei.size(1) <= 32 * ns) == (per_column < 32)
+    check(kind, ei, ns, nd, heads, feat, dtype, seed=heads * feat + per_column, split=256)
+
+
+@pytest.mark.parametrize("kind", ["dot", "gatv2", "dot_kscale"])
 @pytest.mark.parametrize("feat", [18, 34, 66])
 def test_five_chunk_tile_on_several_lanes(kind, feat):
     """fp32 widths that are a multiple of 8 bytes but not of 16, where five
