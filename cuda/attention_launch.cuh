@@ -81,7 +81,8 @@ int64_t device_constant(std::atomic<int64_t> (&cache)[64], Query&& query) {
 // "recompute" | "auto" (default): auto recomputes when the two arrays would
 // take more than a quarter of the device memory the caching allocator has not
 // handed out (total - allocated; the total is asked of the driver once per
-// device, at the first backward, which a CUDA graph's warm-up runs eagerly).  Both modes give the same gradients
+// device, at the first backward, which a CUDA graph's warm-up runs eagerly),
+// and at narrow heads on graphs of short columns (recompute_lean).  Both modes give the same gradients
 // to a few fp32 roundings (tests/ops/test_cuda_kernels.py).
 // A mode forced through set_backward_mode (forced_backward_mode) takes precedence
 // over the environment variable.  GAT without edge features stores nothing per
@@ -99,9 +100,11 @@ inline int backward_request() {
   return -1;
 }
 
-inline bool recompute_backward(int64_t per_edge_bytes) {
+// (lean: recompute_lean's verdict, which auto follows whatever the free memory)
+inline bool recompute_backward(int64_t per_edge_bytes, bool lean) {
   const int req = backward_request();
   if (req >= 0) return req == 1;
+  if (lean) return true;
   static std::atomic<int64_t> totals[64];   // device memory
   const int64_t total = device_constant(totals, [](int) {
     size_t free_b = 0, total_b = 0;
@@ -111,6 +114,23 @@ inline bool recompute_backward(int64_t per_edge_bytes) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
   const int64_t allocated = stats.allocated_bytes[0].current;
   return per_edge_bytes * 4 > total - allocated;
+}
+
+// Auto mode also recomputes where the stored per-edge arrays would outweigh
+// twice the source rows (E x edge_bytes > 2 N_src F sizeof(T) per head: narrow
+// heads on graphs of average degree above F / 2, e.g. 8 x 10 on the 100k-node
+// graphs) and the recomputing column pass runs its short-column instantiation
+// (kShortColBatch: wide tiles, mean column length up to kShortCols).  There it
+// took about the stored mode's time (H100, docs/KERNELS.md, session 38, GPU
+// forward+backward against the stored mode: GATv2 8x10 fp32 0.96, bf16
+// 1.00-1.01; the Transformer 8x10 bf16 1.05-1.06) for the arrays' memory
+// (GATv2 8x10 bf16 peak 150.8 -> 101.9 MiB, the Transformer 8x10 bf16 165.4 ->
+// 120.3 MiB, uniform 100k).  Not on longer columns (a PATTERN batch, 51 per
+// column: 1.05-1.19x) nor at wider heads, where the arrays weigh less.
+template <typename T, int VEC>
+bool recompute_lean(int64_t E, int64_t Ns, int64_t F, int64_t edge_bytes) {
+  return kShortColBatch<T, VEC, kColRecompute> > 0 && E <= kShortCols * std::max<int64_t>(Ns, 1) &&
+         E * edge_bytes > 2 * Ns * F * (int64_t)sizeof(T);
 }
 
 // Whether a graph's gathered source rows (the value rows, and dot attention's
@@ -483,7 +503,9 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
                         (alpha_req == 1 || (alpha_req < 0 && KIND == DOT && !kPackedEdges<T>));
   const int64_t edge_bytes = alpha_ok ? (kPackedEdges<T> ? 2 : 4)
                              : gat_single || kPackedEdges<T> ? 4 : 8;
-  const bool recompute = E > 0 && recompute_backward(E * p.H * edge_bytes);
+  const bool recompute =
+      E > 0 && recompute_backward(E * p.H * edge_bytes,
+                                  recompute_lean<T, VEC>(E, Ns, p.F, edge_bytes));
   const bool alpha_mode = alpha_ok && !recompute;
   if constexpr (kSingle) {
     if (gat_single && !recompute) {

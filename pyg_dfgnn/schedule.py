@@ -388,5 +388,9 @@ def backward_path(kind: int, heads: int, feat: Optional[int] = None,
                   "(E x H x 8 bytes)")
     lean = ("" if kind == GAT else "; PYG_DFGNN_ALPHA_MODE=1: alpha alone at heads under "
             f"{WIDE_HEAD_BYTES} bytes without edge features (bf16: E x H x 2 bytes)")
+    auto = ("" if kind == GAT else "; auto mode recomputes where memory is short, and on "
+            "graphs of at most 32 edges per source column where the stored arrays would "
+            "outweigh twice the source rows (wide tiles: e.g. heads of 10-12 at average "
+            "degree 16)")
     return (f"{stored}; recompute mode: row pass + recomputing column pass (nothing per "
-            f"edge){lean}")
+            f"edge){auto}{lean}")

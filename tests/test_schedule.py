@@ -187,3 +187,4 @@ def test_backward_path_names_the_alpha_mode():
         assert "bf16 g and alpha~ per edge (E x H x 4 bytes)" in backward_path(*args), args
     assert "PYG_DFGNN_ALPHA_MODE=1" in backward_path(GATV2, 8, 10, torch.bfloat16)
     assert "PYG_DFGNN_ALPHA_MODE" not in backward_path(GAT, 8, 10, torch.float32)
+    assert "outweigh twice the source rows" in backward_path(GATV2, 8, 10, torch.bfloat16)
