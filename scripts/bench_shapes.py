@@ -39,7 +39,7 @@ GRAPHS = [
 LAYERS = {"gat": "GATConv", "gatv2": "GATv2Conv", "transformer": "TransformerConv",
           "agnn": "AGNNConv"}
 SHAPES = [(4, 64), (8, 10), (8, 19)]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build(name, heads, feat, dtype, dev, n):
