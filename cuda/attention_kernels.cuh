@@ -677,6 +677,13 @@ template <int KIND, typename T> constexpr int kBatch =
 #define DFGNN_EMIT_BATCH 2
 #endif
 
+// (RECOMPUTE: the recomputing passes' count, which the fp32 alpha pass on the
+// default float4 tiles takes too: at dot attention's 4 edges it spilled 180-192 B
+// (float4, 128 registers) and at 2 none; its column pass took 0.65-0.69x the
+// time, the layer's GPU forward+backward 0.90-0.93x, the Transformer at 8x8 and
+// 4x16 fp32 on the three bench graphs (H100, docs/KERNELS.md, session 38).
+// fp16 at 2 (8x8, no spills at 4) took 1.11-1.15x: half precision keeps 4, as
+// do fp32's 8-byte tiles, which do not spill at 4 and were not timed at 2)
 template <int KIND, bool RECOMPUTE, typename T> constexpr int kColBatch =
     (DFGNN_COL_BATCH ? DFGNN_COL_BATCH
                      : (KIND == GAT ? (RECOMPUTE ? 4 : 8) : (dot_like(KIND) && !RECOMPUTE ? 4 : 2))) *
@@ -1514,9 +1521,11 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   constexpr bool ATOMIC = MODE == kColAtomic;      // GAT: d_src here, row sums atomically
   static_assert(!(EMIT || ATOMIC) || KIND == GAT, "emit-dP and atomic modes are GAT's");
   // (BATCH: the launcher's choice of edges per batch, kShortColBatch; 0 = the rule here)
+  constexpr bool kAlphaFloat4 = ALPHA && sizeof(T) == 4 && kW<VEC> == 4;
   constexpr int B = BATCH > 0 ? BATCH
                     : (EMIT || ATOMIC) ? DFGNN_EMIT_BATCH
-                    : kWide<VEC> ? DFGNN_WIDE_COL_BATCH : kColBatch<KIND, RECOMPUTE, T>;
+                    : kWide<VEC> ? DFGNN_WIDE_COL_BATCH
+                                 : kColBatch<KIND, RECOMPUTE || kAlphaFloat4, T>;
   constexpr int NC = kChunks<VEC>;
   const Group g(p.G);
   Item it;
