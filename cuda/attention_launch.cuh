@@ -116,6 +116,12 @@ inline bool recompute_backward(int64_t per_edge_bytes, bool lean) {
   return per_edge_bytes * 4 > total - allocated;
 }
 
+// Whether a graph's columns are short: mean length E / N_src up to kShortCols
+// (the column pass's kShortColBatch instantiations, launch_col; recompute_lean)
+inline bool short_columns(int64_t E, int64_t Ns) {
+  return E <= kShortCols * std::max<int64_t>(Ns, 1);
+}
+
 // Auto mode also recomputes where the stored per-edge arrays would outweigh
 // twice the source rows (E x edge_bytes > 2 N_src F sizeof(T) per head: narrow
 // heads on graphs of average degree above F / 2, e.g. 8 x 10 on the 100k-node
@@ -128,10 +134,11 @@ inline bool recompute_backward(int64_t per_edge_bytes, bool lean) {
 // 120.3 MiB, uniform 100k).  Not on longer columns (a PATTERN batch, 51 per
 // column: 1.05-1.19x) nor at wider heads, where the arrays weigh less.
 template <typename T, int VEC>
-bool recompute_lean(int64_t E, int64_t Ns, int64_t F, int64_t edge_bytes) {
-  return kShortColBatch<T, VEC, kColRecompute> > 0 && E <= kShortCols * std::max<int64_t>(Ns, 1) &&
+bool recompute_lean(bool short_cols, int64_t E, int64_t Ns, int64_t F, int64_t edge_bytes) {
+  return kShortColBatch<T, VEC, kColRecompute> > 0 && short_cols &&
          E * edge_bytes > 2 * Ns * F * (int64_t)sizeof(T);
 }
+
 
 // Whether a graph's gathered source rows (the value rows, and dot attention's
 // keys besides) fit the L2-resident launch variants (kL2Bytes in
@@ -430,9 +437,9 @@ inline int alpha_mode_request() {
   return std::strcmp(env, "0") == 0 ? 0 : 1;
 }
 
-// A column pass in mode MODE: on graphs of short columns (mean length E /
-// N_src up to kShortCols), the instantiation of kShortColBatch edges per batch
-// where there is one (fp32 wide tiles; attention_kernels.cuh)
+// A column pass in mode MODE: on graphs of short columns (short_columns), the
+// instantiation of kShortColBatch edges per batch where there is one (the fp32
+// wide tiles' passes, the fp16 / bf16 recomputing one; attention_kernels.cuh)
 template <int KIND, typename T, typename I, int VEC, int MODE>
 void launch_col(const Launch& l, const Params<T, I>& p, bool short_cols, cudaStream_t stream) {
   constexpr int kShort = kShortColBatch<T, VEC, MODE>;
@@ -503,9 +510,10 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
                         (alpha_req == 1 || (alpha_req < 0 && KIND == DOT && !kPackedEdges<T>));
   const int64_t edge_bytes = alpha_ok ? (kPackedEdges<T> ? 2 : 4)
                              : gat_single || kPackedEdges<T> ? 4 : 8;
+  const bool short_cols = short_columns(E, Ns);
   const bool recompute =
       E > 0 && recompute_backward(E * p.H * edge_bytes,
-                                  recompute_lean<T, VEC>(E, Ns, p.F, edge_bytes));
+                                  recompute_lean<T, VEC>(short_cols, E, Ns, p.F, edge_bytes));
   const bool alpha_mode = alpha_ok && !recompute;
   if constexpr (kSingle) {
     if (gat_single && !recompute) {
@@ -630,7 +638,6 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.part2 = cpart2.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    const bool short_cols = E <= kShortCols * std::max<int64_t>(Ns, 1);
     if (recompute) launch_col<KIND, T, I, VEC, kColRecompute>(l, p, short_cols, stream);
     else if (alpha_mode) col_alpha<KIND, T, I, VEC>(l, p, short_cols, stream);
     else launch_col<KIND, T, I, VCOL, kColStored>(l, p, short_cols, stream);

@@ -372,7 +372,7 @@ def backward_path(kind: int, heads: int, feat: Optional[int] = None,
     bwd_impl), in stored mode and in recompute mode
     (:data:`pyg_dfgnn.ops.fused.BACKWARD_MODES`)."""
     from .ops.reference import DOT, GAT
-    half = (dtype == torch.bfloat16)   # (bf16: per-edge values in bf16, kPackedEdges)
+    packed = (dtype == torch.bfloat16)   # (bf16: per-edge values in bf16, kPackedEdges)
     if kind == GAT and heads <= 32:   # cuda/attention_launch.cuh: bwd_gat_single_gather
         stored = ("one feature gather per edge (column pass emitting alpha~ dP, then scalar "
                   "row and source passes; stored mode keeps E x H x 4 bytes)")
@@ -380,7 +380,7 @@ def backward_path(kind: int, heads: int, feat: Optional[int] = None,
           and feat * torch.finfo(dtype).bits // 8 < WIDE_HEAD_BYTES):   # kColAlpha
         stored = ("row pass + column pass forming dP; stored mode keeps fp32 alpha per edge "
                   "(E x H x 4 bytes; without edge features, else g and alpha~: E x H x 8)")
-    elif half:
+    elif packed:
         stored = ("row pass + column pass; stored mode keeps bf16 g and alpha~ per edge "
                   "(E x H x 4 bytes)")
     else:
