@@ -1389,7 +1389,13 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
     break;
   delta = delta_exact;
   }
-  // the column pass recomputes dS with the Delta used here
+  // the column pass recomputes dS with the Delta used here.  Where p.delta is
+  // the caller's delta_in (attention_launch.cuh, bwd_impl), every lane of the
+  // group read it above; __syncwarp orders those reads before lane 0's store
+  // (shuffles synchronise the lanes but do not order memory).  Other launch
+  // columns and a split row's other segments read the same (row, head) too,
+  // but they store what they read: only a whole-row, one-column item re-sweeps.
+  if (p.delta && p.delta == p.delta_in) __syncwarp(g.mask);
   if (p.delta && blockIdx.y == 0 && g.lg == 0) p.delta[row * p.H + h] = delta;
   if constexpr (KIND == GAT) {
     if (g.lg == 0 && blockIdx.y == 0) {

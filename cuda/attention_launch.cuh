@@ -536,8 +536,15 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.o = cptr<T>(o_full);
   }
   if (recompute || alpha_mode) {
-    delta = at::empty({std::max<int64_t>(Nd, 1), p.H}, fo);
-    p.delta = delta.data_ptr<float>();
+    // the row pass's Delta (the one the column pass must use): written over
+    // the caller's where it gave one (BwdIn::delta; a [N_dst, H] fp32 array
+    // less at the backward's peak), else a buffer of its own
+    if (bi.delta.defined()) {
+      p.delta = const_cast<float*>(p.delta_in);
+    } else {
+      delta = at::empty({std::max<int64_t>(Nd, 1), p.H}, fo);
+      p.delta = delta.data_ptr<float>();
+    }
   }
   if (alpha_mode) {
     if constexpr (kPackedEdges<T>) {   // bf16 alpha
@@ -599,6 +606,13 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
       at::sum_out(o.d_att, att_part, {0});
     else o.d_att.copy_(att_part.sum(0));
   }
+  // (the row pass's partials are merged: given back before the column pass's
+  // own are allocated, off the backward's peak; the caching allocator keeps
+  // the blocks on this stream, whose queued kernels still read them)
+  part1 = at::Tensor();
+  att_part = at::Tensor();
+  p.part1 = nullptr;
+  p.d_att_part = nullptr;
 
   // ---- column pass (source side, transposed CSR)
   p.work = iptr<I>(sc.t_work);

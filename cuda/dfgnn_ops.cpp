@@ -458,7 +458,8 @@ bool src_in_place(int64_t kind, bool agnn, const FeatArgs& f, const at::Tensor& 
 // (no padded or aligned copy), d_src and d_val are written over them -- see
 // src_in_place -- and d_dst comes back in a new contiguous buffer)
 // delta: <dO_i, O_i> [N_dst, H] fp32 where the caller computed it (row_delta;
-// not GAT), and then out may be undefined.
+// not GAT), and then out may be undefined; the recomputing and alpha modes'
+// row pass writes the Delta it used over it (the caller's is spent).
 std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blocks,
                                            bool inplace, const at::Tensor& delta = {}) {
   Phases phase;

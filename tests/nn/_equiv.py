@@ -544,25 +544,33 @@ def saved_projection_cases(fn):
 
 
 def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],
-                                   node: str, graphs: int = 4, params: bool = True) -> None:
-    """A layer's one-op path (``node``) in fp32 on a PATTERN-like batch against
-    PyG's layer in float64 with the same weights, by the FlashAttention rule:
-    output and every gradient (the parameters' unless ``params`` is false)
-    within 2x the error of PyG's own layer in fp32 (+ 4 fp32 roundings of the
-    result's scale)."""
+                                   node: str, graphs: int = 4, params: bool = True,
+                                   scale: Optional[Dict[str, float]] = None,
+                                   dtype: torch.dtype = torch.float32) -> None:
+    """A layer's one-op path (``node``) in ``dtype`` (fp32 by default) on a
+    PATTERN-like batch against PyG's layer in float64 with the same weights,
+    by the FlashAttention rule: output and every gradient (the parameters'
+    unless ``params`` is false) within 2x the error of PyG's own layer in
+    ``dtype`` (+ 4 roundings of ``dtype`` on the result's scale).  ``scale``:
+    factors for some of the weights (by ``state_dict`` key), e.g. a query
+    weight large enough to saturate rows."""
     from pyg_dfgnn.data import pattern_like_batch
     torch.manual_seed(0)
     ei = pattern_like_batch(graphs, seed=1).edge_index.cuda()
     n = int(ei.max()) + 1
     ref = pyg_cls(**kwargs).cuda().double()
-    low = pyg_cls(**kwargs).cuda()
-    ours = our_cls(**kwargs).cuda()
-    state = {k: v.float() for k, v in ref.state_dict().items()}
+    low = pyg_cls(**kwargs).cuda().to(dtype)
+    ours = our_cls(**kwargs).cuda().to(dtype)
+    with torch.no_grad():
+        for k, f in (scale or {}).items():
+            ref.state_dict()[k].mul_(f)
+    state = {k: v.to(dtype) for k, v in ref.state_dict().items()}
     low.load_state_dict(state)
     ours.load_state_dict(state)
-    x = torch.randn(n, kwargs.get("in_channels", 32), device="cuda", dtype=torch.float64,
-                    requires_grad=True)
-    xl, xo = (x.detach().float().requires_grad_() for _ in range(2))
+    ref.load_state_dict({k: v.double() for k, v in state.items()})   # (the rounded weights)
+    x = torch.randn(n, kwargs.get("in_channels", 32), device="cuda", dtype=torch.float64)
+    x = x.to(dtype).double().requires_grad_()
+    xl, xo = (x.detach().to(dtype).requires_grad_() for _ in range(2))
     outs = [m(v, ei) for m, v in ((ref, x), (low, xl), (ours, xo))]
     assert node in layer_op_node(outs[2])
     g = torch.randn_like(outs[0])
@@ -571,7 +579,7 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
     named = [dict(m.named_parameters()) for m in (ref, low, ours)]
     tensors = [("out", *outs), ("x", x.grad, xl.grad, xo.grad)] + [
         (k, p.grad, named[1][k].grad, named[2][k].grad) for k, p in named[0].items() if params]
-    u = torch.finfo(torch.float32).eps
+    u = torch.finfo(dtype).eps
     for k, want, base, got in tensors:
         err = float((got.double() - want).abs().max())
         err_pyg = float((base.double() - want).abs().max())

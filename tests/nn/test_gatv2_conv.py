@@ -126,6 +126,29 @@ def test_layer_op_against_float64(kw):
                                    "Gatv2LayerFn")
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["recompute", "alpha"])
+def test_narrow_heads_backward_against_float64(mode, dtype, monkeypatch):
+    """At 8 x 10 on GPU-bound calls (bf16 heads padded to 12) the backward
+    takes Delta from the output less the bias; the recomputing and the
+    (opt-in) alpha mode's row pass writes the Delta it used (re-swept in a
+    nearly saturated row) over it, and the column pass reads it there: within
+    2x PyG's own error against float64, with and without saturated rows (att
+    x 30)."""
+    from pyg_dfgnn.nn import _padded
+    from pyg_dfgnn.ops import backward_mode
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    if mode == "alpha":
+        monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", "1")
+    with backward_mode("store" if mode == "alpha" else "recompute"):
+        for q in (1.0, 30.0):
+            check_layer_op_against_float64(
+                pyg_nn.GATv2Conv, GATv2Conv, dict(in_channels=32, heads=8, out_channels=10),
+                "Gatv2LayerFn", graphs=8, scale={"att": q}, dtype=dtype)
+
+
 @saved_projection_cases
 def test_backward_over_saved_projections(kw, dtype, mode, monkeypatch, deterministic):
     """A backward that frees the graph writes d x_l over x_l (the same

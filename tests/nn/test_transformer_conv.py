@@ -306,6 +306,84 @@ def test_backward_over_saved_projections(kw, dtype, mode, monkeypatch, determini
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["recompute", "alpha"])
+def test_narrow_heads_backward_keeps_one_delta(mode, monkeypatch):
+    """At narrow heads (8 x 10) the layer op keeps its output, not the
+    attention's, and its backward takes Delta = <dO, O> from the output less
+    the skip (``row_delta``: an ``[N, H]`` fp32 array).  In the recomputing and
+    alpha modes the row pass writes the Delta it used (the exact one where it
+    re-sweeps a nearly saturated row) over that array instead of into a
+    second one, which the column pass reads.  So the backward's peak above
+    what the forward left is d q, the alpha mode's per-edge alphas and one
+    Delta (fp32 heads of 10 run unpadded, so the output gradient is not
+    copied, and the column pass writes d k / d v over k / v); a second Delta
+    would exceed it by half an array.  The gradients match float64 in both
+    modes, also with nearly saturated rows (a query weight x 30)."""
+    from pyg_dfgnn.data import pattern_like_batch
+    from pyg_dfgnn.nn import _padded
+    from pyg_dfgnn.ops import backward_mode
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    H, C, f_in = 8, 10, 16
+    torch.manual_seed(0)
+    ei = pattern_like_batch(64, seed=0).edge_index.cuda()
+    n, E = int(ei.max()) + 1, ei.size(1)
+    conv = TransformerConv(f_in, C, heads=H).cuda()
+    x = torch.randn(n, f_in, device="cuda", requires_grad=True)
+    grad = torch.randn(n, H * C, device="cuda")
+    assert _padded.kernel_width(C, x, H, 2) == C
+    dq, delta = n * H * C * 4, n * H * 4
+    alphas = E * H * 4 if mode == "alpha" else 0   # (fp32 dot attention's default)
+    peaks = []
+    with backward_mode("store" if mode == "alpha" else "recompute"):
+        for _ in range(2):   # (measured on the second: GEMV's kept ones vector is made once)
+            out = conv(x, ei)
+            assert "TransformerLayerFn" in layer_op_node(out)
+            x.grad = None
+            conv.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out.backward(grad)
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated() - base)
+            del out
+        bound = dq + alphas + delta
+        assert peaks[1] <= bound + delta // 2, (peaks, bound, delta)
+        for q in (1.0, 30.0):
+            check_layer_op_against_float64(
+                pyg_nn.TransformerConv, TransformerConv,
+                dict(in_channels=32, out_channels=C, heads=H), "TransformerLayerFn", graphs=8,
+                scale={"lin_query.weight": q})
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["recompute", "alpha"])
+@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=8, out_channels=19)],
+                         ids=["8x10", "8x19"])
+def test_narrow_heads_bf16_backward_against_float64(kw, mode, monkeypatch):
+    """The same in bf16 on GPU-bound calls (heads padded to the kernels' width,
+    12 and 20): the recomputing and the (opt-in) alpha backward, whose row
+    pass writes its Delta over the one taken from the output, within 2x
+    PyG's own bf16 error against float64 (+ 4 bf16 roundings), with and
+    without nearly saturated rows.  (At this size the bf16 backward's peak
+    lies in the projections' column sums, not at the Delta: its memory is
+    measured in docs/BENCHMARKS.md, session 39.)"""
+    from pyg_dfgnn.nn import _padded
+    from pyg_dfgnn.ops import backward_mode
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    if mode == "alpha":
+        monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", "1")
+    with backward_mode("store" if mode == "alpha" else "recompute"):
+        for q in (1.0, 30.0):
+            check_layer_op_against_float64(
+                pyg_nn.TransformerConv, TransformerConv, dict(in_channels=32, **kw),
+                "TransformerLayerFn", graphs=8, scale={"lin_query.weight": q},
+                dtype=torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_layer_op_only_where_it_applies():
     """The path of several ops runs where the one-op path does not apply: beta,
     averaged heads, edge features, a pair of inputs, and the cases every layer
