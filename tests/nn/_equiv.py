@@ -586,6 +586,26 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
         assert err <= 2 * err_pyg + 4 * u * float(want.abs().max()), (k, err, err_pyg)
 
 
+def check_backward_modes_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],
+                                         node: str, weight: str, mode: str,
+                                         dtype: torch.dtype, monkeypatch) -> None:
+    """A layer op's recomputing (``mode`` ``"recompute"``) or alpha backward
+    (``"alpha"``: the stored mode with ``PYG_DFGNN_ALPHA_MODE=1``) on GPU-bound
+    calls (heads in the kernels' padded width) against float64 by
+    :func:`check_layer_op_against_float64` in ``dtype``, with and without
+    nearly saturated rows (the ``weight`` parameter x 30), which the row pass
+    re-sweeps with the exact Delta."""
+    from pyg_dfgnn.nn import _padded
+    from pyg_dfgnn.ops import backward_mode
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    if mode == "alpha":
+        monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", "1")
+    with backward_mode("store" if mode == "alpha" else "recompute"):
+        for q in (1.0, 30.0):
+            check_layer_op_against_float64(pyg_cls, our_cls, kwargs, node, graphs=8,
+                                           scale={weight: q}, dtype=dtype)
+
+
 def check_layer_op_basics(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str) -> None:
     """What every layer's one-op path (``node``) shows on CUDA: a plain call
     takes it, its output is the op's node's own (:func:`check_layer_op_output`);

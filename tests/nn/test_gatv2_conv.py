@@ -7,6 +7,7 @@ from pyg_dfgnn.nn import GATv2Conv
 
 from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N,
                      assert_layer_op_equals_several_ops, check_core, check_equivalence,
+                     check_backward_modes_against_float64,
                      check_backward_over_saved_projections, check_formats,
                      check_layer_op_against_float64, check_layer_op_guards,
                      check_state_dict_round_trip,
@@ -137,16 +138,9 @@ def test_narrow_heads_backward_against_float64(mode, dtype, monkeypatch):
     nearly saturated row) over it, and the column pass reads it there: within
     2x PyG's own error against float64, with and without saturated rows (att
     x 30)."""
-    from pyg_dfgnn.nn import _padded
-    from pyg_dfgnn.ops import backward_mode
-    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
-    if mode == "alpha":
-        monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", "1")
-    with backward_mode("store" if mode == "alpha" else "recompute"):
-        for q in (1.0, 30.0):
-            check_layer_op_against_float64(
-                pyg_nn.GATv2Conv, GATv2Conv, dict(in_channels=32, heads=8, out_channels=10),
-                "Gatv2LayerFn", graphs=8, scale={"att": q}, dtype=dtype)
+    check_backward_modes_against_float64(
+        pyg_nn.GATv2Conv, GATv2Conv, dict(in_channels=32, heads=8, out_channels=10),
+        "Gatv2LayerFn", "att", mode, dtype, monkeypatch)
 
 
 @saved_projection_cases

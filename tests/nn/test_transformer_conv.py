@@ -7,6 +7,7 @@ from pyg_dfgnn.nn import TransformerConv
 
 from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N,
                      assert_layer_op_equals_several_ops, check_core, check_equivalence,
+                     check_backward_modes_against_float64,
                      check_backward_over_saved_projections, check_formats,
                      check_layer_op_against_float64, check_layer_op_guards,
                      check_state_dict_round_trip,
@@ -347,13 +348,11 @@ def test_narrow_heads_backward_keeps_one_delta(mode, monkeypatch):
             torch.cuda.synchronize()
             peaks.append(torch.cuda.max_memory_allocated() - base)
             del out
-        bound = dq + alphas + delta
-        assert peaks[1] <= bound + delta // 2, (peaks, bound, delta)
-        for q in (1.0, 30.0):
-            check_layer_op_against_float64(
-                pyg_nn.TransformerConv, TransformerConv,
-                dict(in_channels=32, out_channels=C, heads=H), "TransformerLayerFn", graphs=8,
-                scale={"lin_query.weight": q})
+    bound = dq + alphas + delta
+    assert peaks[1] <= bound + delta // 2, (peaks, bound, delta)
+    check_backward_modes_against_float64(
+        pyg_nn.TransformerConv, TransformerConv, dict(in_channels=32, out_channels=C, heads=H),
+        "TransformerLayerFn", "lin_query.weight", mode, torch.float32, monkeypatch)
 
 
 @pytest.mark.cuda
@@ -369,17 +368,9 @@ def test_narrow_heads_bf16_backward_against_float64(kw, mode, monkeypatch):
     without nearly saturated rows.  (At this size the bf16 backward's peak
     lies in the projections' column sums, not at the Delta: its memory is
     measured in docs/BENCHMARKS.md, session 39.)"""
-    from pyg_dfgnn.nn import _padded
-    from pyg_dfgnn.ops import backward_mode
-    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
-    if mode == "alpha":
-        monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", "1")
-    with backward_mode("store" if mode == "alpha" else "recompute"):
-        for q in (1.0, 30.0):
-            check_layer_op_against_float64(
-                pyg_nn.TransformerConv, TransformerConv, dict(in_channels=32, **kw),
-                "TransformerLayerFn", graphs=8, scale={"lin_query.weight": q},
-                dtype=torch.bfloat16)
+    check_backward_modes_against_float64(
+        pyg_nn.TransformerConv, TransformerConv, dict(in_channels=32, **kw),
+        "TransformerLayerFn", "lin_query.weight", mode, torch.bfloat16, monkeypatch)
 
 
 @pytest.mark.cuda
