@@ -50,9 +50,9 @@ struct Sched {
 
 struct FwdOut { at::Tensor out, lse, alpha; };
 // (delta: <dO_i, O_i> [N_dst, H] fp32 where the caller computed it -- then
-// out may be undefined (GAT excepted); see Params::delta_in)
-// (delta, where defined: the caller's <dO, O>, which the recomputing and alpha
-// modes' row pass overwrites with the Delta it used: attention_launch.cuh)
+// out may be undefined (GAT excepted); see Params::delta_in.  The recomputing
+// and alpha modes' row pass overwrites it with the Delta it used:
+// attention_launch.cuh, bwd_impl)
 struct BwdIn { at::Tensor out, lse, grad_out, delta; };
 struct BwdOut {
   at::Tensor d_dst, d_src, d_val, d_edge, d_att;
