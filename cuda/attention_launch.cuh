@@ -139,7 +139,6 @@ bool recompute_lean(bool short_cols, int64_t E, int64_t Ns, int64_t F, int64_t e
          E * edge_bytes > 2 * Ns * F * (int64_t)sizeof(T);
 }
 
-
 // Whether a graph's gathered source rows (the value rows, and dot attention's
 // keys besides) fit the L2-resident launch variants (kL2Bytes in
 // attention_kernels.cuh: kFwdBlocksSmall, kRowBlocksSmall).
