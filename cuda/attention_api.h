@@ -24,6 +24,19 @@ inline std::atomic<int>& forced_backward_mode() {
 // (dfgnn_ops.cpp, delta_source).
 constexpr int64_t kWideHeadBytes = 128;
 
+// fp16 / bf16 heads of the dot-like kinds (dot attention, AGNN) whose width is
+// 2 mod 4 elements, up to 10 (the Transformer's 8 x 10), run unpadded on one
+// lane of five 4-byte vectors in every pass (attention_launch.cuh, dispatch)
+// instead of being padded to the next 8-byte width (12 for 10): the op copies
+// nothing, and a layer's projections, output gradient and input gradients are
+// a sixth narrower.  DFGNN_HALF_X5_TILES=0 pads them again.
+#ifndef DFGNN_HALF_X5_TILES
+#define DFGNN_HALF_X5_TILES 1
+#endif
+constexpr bool half_x5_width(int64_t elem_size, int64_t F) {
+  return DFGNN_HALF_X5_TILES && elem_size == 2 && F % 4 == 2 && F <= 10;
+}
+
 struct GraphArgs {
   at::Tensor rowptr, col, perm;          // destination-major CSR (+ CSR pos -> edge id)
   at::Tensor t_rowptr, t_col, t_perm;    // transpose (+ transposed pos -> CSR pos)

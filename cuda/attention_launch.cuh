@@ -621,7 +621,9 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   // the default tile (with the wide one: 1.02-1.10x the time at 2 resident
   // blocks, 480-580 B of spills at 3; H100, docs/KERNELS.md, session 22).  The
   // recomputing pass keeps the row pass's layout (its Delta must match).
-  constexpr int VCOL = kWide<VEC> && sizeof(T) == 2 ? kW<VEC> : VEC;
+  // (the five-chunk tile of 4-byte vectors keeps its tile: its plain vector
+  // would take four lanes per head of 10)
+  constexpr int VCOL = kWide<VEC> && sizeof(T) == 2 && kW<VEC> * sizeof(T) > 4 ? kW<VEC> : VEC;
   // (the recomputing and alpha passes keep the row pass's lane layout: their
   // dP must match the row pass's Delta)
   const bool own_layout = recompute || alpha_mode;
@@ -692,7 +694,11 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
         aligned16(fa.val) && (KIND == GAT || (aligned16(fa.dst) && aligned16(fa.src) &&
                                               aligned16(fa.edge) && aligned16(fa.res) &&
                                               (dot_like(KIND) || aligned16(fa.att))));
-    TORCH_CHECK(F % VMIN == 0 && vec_tensors_ok,
+    // (dot-like fp16 / bf16 heads of 2 mod 4 up to 10: the five-chunk tile of
+    // 4-byte vectors, below)
+    constexpr bool kHalfX5 = sizeof(T) == 2 && dot_like(KIND);
+    const bool half_x5 = kHalfX5 && half_x5_width(sizeof(T), F);
+    TORCH_CHECK((F % VMIN == 0 || half_x5) && vec_tensors_ok,
                 "pyg_dfgnn: internal error: feature rows not padded/aligned to a vector");
     auto by_index = [&](auto vec) {
       constexpr int V = decltype(vec)::value;
@@ -727,6 +733,17 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
     constexpr int WIDE8X5 = VMAX / 2 + 16 * kWide8Chunks5;
     constexpr int WIDEST = VMAX + 16 * kAgnnWideChunks<T>;
     auto lanes = [&](int vec) { return choose_group(0, F, vec, KIND); };
+    // fp16 / bf16 dot-like heads of 2, 6 or 10 (attention_api.h: half_x5_width)
+    // on one lane of five 4-byte vectors, in every pass (the stored column pass
+    // too: see VCOL in bwd_impl).  Session 28 ran the forward and row pass on
+    // it but the stored column pass on plain 4-byte vectors over four lanes,
+    // which took 1.44-1.53x the padded 12's time (docs/KERNELS.md).
+    if constexpr (kHalfX5) {
+      if (half_x5) {
+        by_index(std::integral_constant<int, VMAX / 4 + 16 * kWide8Chunks5>());
+        return;
+      }
+    }
     if constexpr (DFGNN_WIDE_TILES && (dot_like(KIND) || KIND == GATV2)) {
       if (F % VMAX == 0) {
         const int g = std::min(lanes(WIDE), lanes(VMAX));

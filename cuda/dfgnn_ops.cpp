@@ -141,6 +141,9 @@ int64_t padded_width(int64_t F, at::ScalarType dt, int64_t kind) {
   // 4-byte loads than on a padded 8-byte width: docs/KERNELS.md, session 17)
   const int64_t vmin = (es == 2 && kind == 0) ? half / 2 : half;
   if (F % vmin == 0) return F;
+  // (dot attention's and AGNN's fp16 / bf16 heads of 2, 6 or 10: five 4-byte
+  // vectors on one lane, attention_api.h: half_x5_width)
+  if (kind == 2 && half_x5_width(es, F)) return F;
   int64_t fp = (F + vmax - 1) / vmax * vmax;
   if ((fp - F) * 4 > F) fp = (F + half - 1) / half * half;
   return fp;

@@ -61,6 +61,18 @@ WIDE8_CHUNKS_FP32 = 5
 #: AGNN's widest heads (kAgnnWideChunks), float4 and 8-element vectors: where the
 #: wide tile still takes 16 lanes or more (fp16 / bf16: the forward's group)
 AGNN_WIDE_CHUNKS = (4, 3)
+#: fp16 / bf16 heads of the dot-like kinds (2 dot, 3 AGNN) that are 2 mod 4
+#: elements wide, up to this many, run unpadded on one lane of five 4-byte
+#: vectors (cuda/attention_api.h: half_x5_width)
+HALF_X5_MAX = 10
+
+
+def half_x5(feat: int, dtype: torch.dtype, kind: int) -> bool:
+    """Whether the kernels run a ``feat``-wide head of model ``kind`` in
+    ``dtype`` unpadded on the five-chunk tile of 4-byte vectors (one lane per
+    head): fp16 / bf16 dot attention and AGNN at widths 2, 6 and 10."""
+    return (kind in (2, 3) and dtype in (torch.float16, torch.bfloat16)
+            and feat % 4 == 2 and feat <= HALF_X5_MAX)
 
 
 def chunks_for(vec: int) -> int:
@@ -175,14 +187,19 @@ def _vmin(dtype: torch.dtype, kind: int = -1) -> int:
 def op_width(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     """Feature width the CUDA op runs a ``feat``-wide head of model ``kind`` at
     (cuda/dfgnn_ops.cpp: padded_width): ``feat`` itself when it is a multiple
-    of the narrowest vector (no copy), else :func:`padded_width` (the op pads)."""
-    return feat if feat % _vmin(dtype, kind) == 0 else padded_width(feat, dtype)
+    of the narrowest vector or a :func:`half_x5` width (no copy), else
+    :func:`padded_width` (the op pads)."""
+    if feat % _vmin(dtype, kind) == 0 or half_x5(feat, dtype, kind):
+        return feat
+    return padded_width(feat, dtype)
 
 
 def auto_group(feat: int, dtype: torch.dtype, kind: int = -1) -> int:
     """Lanes per (row, head) the kernel picks (cuda/attention_launch.cuh:
     choose_group) for the width it runs at."""
     vmax, half = _vectors(dtype)
+    if half_x5(feat, dtype, kind):
+        return 1
     fp = op_width(feat, dtype, kind)
     vec = vmax if fp % vmax == 0 else (half if fp % half == 0 else _vmin(dtype, kind))
 

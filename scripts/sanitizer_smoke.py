@@ -72,6 +72,16 @@ for name in ("dot", "gatv2"):
             ei = random_graph(60, 50, 300, super_node=(400, 2))
             smoke(KINDS[name], ei, (60, 50), 2, feat, dtype, edge=False)
 del os.environ["PYG_DFGNN_ALPHA_MODE"], os.environ["PYG_DFGNN_BACKWARD"]
+# dot attention's and AGNN's fp16 / bf16 heads of 6 and 10 on the five-chunk
+# tile of 4-byte vectors (cuda/attention_api.h: half_x5_width) in the
+# recomputing backward (the stored one runs in the loops above)
+os.environ["PYG_DFGNN_BACKWARD"] = "recompute"
+for name in ("dot", "dot_kscale"):
+    for dtype in (torch.float16, torch.bfloat16):
+        for feat in (6, 10):
+            ei = random_graph(60, 50, 300, super_node=(400, 2))
+            smoke(KINDS[name], ei, (60, 50), 8, feat, dtype, edge=name == "dot")
+del os.environ["PYG_DFGNN_BACKWARD"]
 # GAT with the node logits in the op (ops.gat_node_attention): the logits
 # kernel and its backward at aligned, unaligned and padded widths
 from pyg_dfgnn import ops  # noqa: E402

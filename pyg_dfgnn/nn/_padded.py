@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..schedule import op_width, padded_width
+from ..schedule import half_x5, op_width, padded_width
 from ._glue import apply_linear, linear, padded_weight
 
 
@@ -44,11 +44,13 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
                  pad_small: bool = False) -> int:
     """The head width a layer of model ``kind`` (0 GAT, 1 GATv2, 2 dot) should
     project to for the CUDA kernels on a GPU-bound call: the width the kernels
-    take as it is in fp32 and for GAT (:func:`pyg_dfgnn.schedule.op_width`),
-    else the padded width for ``x``'s dtype.  On a smaller CUDA call, with
-    ``pad_small``, the width the op would pad to anyway
-    (:func:`pyg_dfgnn.schedule.op_width`: ``chans`` where the kernels take it
-    as it is, e.g. 8 x 10 fp32), so that the projection
+    take as it is in fp32, for GAT and for dot attention's and AGNN's fp16 /
+    bf16 heads of 2 mod 4 up to 10 (:func:`pyg_dfgnn.schedule.op_width`,
+    :func:`pyg_dfgnn.schedule.half_x5`), else the padded width for ``x``'s
+    dtype.  On a smaller CUDA call, with ``pad_small``, the width the op would
+    pad to anyway (:func:`pyg_dfgnn.schedule.op_width`: ``chans`` where the
+    kernels take it as it is, e.g. 8 x 10 fp32; the padded width for those
+    half heads of 2 mod 4), so that the projection
     writes it and the op copies nothing -- the Transformer's choice, whose
     q / k / v then come from one GEMM (GPU time of a forward+backward on PATTERN
     batches 0.81-0.86x, wall time 0.87-1.0x; GAT's and GATv2's own padded
@@ -59,8 +61,15 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
         return chans
     dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
     if not gpu_bound(x.size(0), heads, chans):
-        return op_width(chans, dt, kind) if pad_small else chans
-    if kind == 0 or dt == torch.float32:
+        if not pad_small:
+            return chans
+        # (dot attention's and AGNN's half heads of 2 mod 4, which the op takes
+        # as they are on five 4-byte vectors: padded to the 8-byte width on
+        # these calls, whose gathered rows sit in L2, where three 8-byte chunks
+        # are faster -- the Transformer 8 x 10 bf16 on PATTERN x128: layer GPU
+        # forward+backward 1.08x on the five chunks, H200, session 40)
+        return padded_width(chans, dt) if half_x5(chans, dt, kind) else op_width(chans, dt, kind)
+    if kind == 0 or dt == torch.float32 or half_x5(chans, dt, kind):
         # widths the kernels take as they are stay unpadded: fp32 heads of 10 on
         # 8-byte vectors (every kind; the vector-score kinds on a tile of five
         # of them, one lane per head), GAT's half-precision widths of 2 mod 4 on
@@ -69,8 +78,10 @@ def kernel_width(chans: int, x: Tensor, heads: int = 1, kind: int = -1,
         # the kernels are faster than at the padded 12 (layer GPU
         # forward+backward on the 100k graphs, H200: GAT 0.89-0.91x, the
         # Transformer 0.89-0.90x, GATv2 0.93x; docs/KERNELS.md, sessions 26
-        # and 28).  fp16 / bf16 heads of 10 of the vector-score kinds pad to 12:
-        # on 4-byte vectors their kernels took 1.6-1.7x longer (session 17)
+        # and 28), and dot attention's and AGNN's fp16 / bf16 heads of 2, 6
+        # and 10 on one lane of five 4-byte vectors (schedule.half_x5, session
+        # 40).  GATv2's fp16 / bf16 heads of 10 pad to 12: on 4-byte vectors
+        # its kernels took 1.6-1.7x longer (session 17)
         return op_width(chans, dt, kind)
     return padded_width(chans, dt)
 

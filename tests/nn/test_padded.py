@@ -75,8 +75,9 @@ def test_padded_linear_layout():
     (10, torch.float32, 0, 10, 10),
     (9, torch.float32, 2, 10, 10),      # the op would pad 9 to 10 anyway
     (19, torch.float32, 0, 20, 20),     # the op would pad 19 anyway
-    (10, torch.bfloat16, 2, 12, 12),    # dot / GATv2 pad bf16 10 to 12
-    (10, torch.bfloat16, 1, 12, 12),
+    (10, torch.bfloat16, 2, 12, 10),    # dot / AGNN: 12 on small calls, 10 on
+    (6, torch.float16, 3, 8, 6),        # GPU-bound ones (five 4-byte chunks)
+    (10, torch.bfloat16, 1, 12, 12),    # GATv2 pads bf16 10 to 12
     (10, torch.bfloat16, 0, 10, 10),    # GAT runs it as it is (4-byte vectors)
     (10, torch.float16, 0, 10, 10),
     (19, torch.bfloat16, 0, 20, 20),
@@ -85,8 +86,11 @@ def test_padded_linear_layout():
 def test_kernel_width_on_cuda(chans, dtype, kind, small, large):
     """Small (host-bound) CUDA calls project to the width the op would pad to
     anyway where asked (``pad_small``: the Transformer), so the op copies
-    nothing, else to ``chans``; GPU-bound ones to the width the kernels take as
-    it is (fp32; GAT's half precision), else to the 16-byte padded width."""
+    nothing (the 8-byte padded width for dot attention's and AGNN's half
+    heads of 2 mod 4, which the op would take as they are), else to
+    ``chans``; GPU-bound ones to the width the kernels take as it is (fp32;
+    GAT's half precision; those half heads of 2 mod 4), else to the 16-byte
+    padded width."""
     x = torch.empty(100, 8, device="cuda", dtype=dtype)
     assert _padded.kernel_width(chans, x, 8, kind, pad_small=True) == small
     assert _padded.kernel_width(chans, x, 8, kind) == chans

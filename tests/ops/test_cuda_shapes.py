@@ -86,6 +86,25 @@ def test_five_chunk_tile_on_several_lanes(kind, feat):
     check(kind, ei, 200, 180, 2, feat, torch.float32, edge=True, seed=feat, split=64)
 
 
+@pytest.mark.parametrize("kind", ["dot", "dot_kscale"])
+@pytest.mark.parametrize("feat", [2, 6, 10])
+@pytest.mark.parametrize("mode", ["store", "recompute", "alpha"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_five_chunk_tile(kind, feat, mode, dtype, monkeypatch):
+    """fp16 / bf16 heads of 2 mod 4 up to 10 of dot attention and AGNN run
+    unpadded on one lane of five 4-byte vectors, in every pass and every
+    column-pass mode (cuda/attention_launch.cuh: dispatch, half_x5_width): the
+    stored pairs (PYG_DFGNN_ALPHA_MODE=0), the recomputing pass and the alpha
+    pass (=1); the schedule's mirror (one lane, no padding), then the output,
+    alpha and every gradient against float64 with split rows and a super node."""
+    assert schedule.half_x5(feat, dtype, 2) and schedule.op_width(feat, dtype, 2) == feat
+    assert schedule.auto_group(feat, dtype, kind=2) == 1
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "recompute" if mode == "recompute" else "store")
+    monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", "1" if mode == "alpha" else "0")
+    ei = random_graph(200, 180, 2400, super_node=(800, 5))
+    check(kind, ei, 200, 180, 8, feat, dtype, edge=kind == "dot", seed=feat, split=64)
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("feat", [10, 19, 32])
@@ -120,8 +139,11 @@ def test_padded_width_mirrors_kernel(fn, width, dtype, expected):
     (3, torch.bfloat16, 0, 4),
     (19, torch.bfloat16, 0, 20),
     (10, torch.float32, 0, 10),
-    (10, torch.bfloat16, 1, 12),     # GATv2, dot: padded to the 8-byte vector
-    (10, torch.float16, 2, 12),
+    (10, torch.bfloat16, 1, 12),     # GATv2: padded to the 8-byte vector
+    (10, torch.float16, 2, 10),      # dot, AGNN: heads of 2 mod 4 up to 10 on
+    (6, torch.bfloat16, 3, 6),       # five 4-byte vectors, no copy
+    (14, torch.bfloat16, 2, 16),     # (wider ones pad)
+    (10, torch.float32, 2, 10),
 ])
 def test_op_width_per_kind(width, dtype, kind, expected):
     assert schedule.op_width(width, dtype, kind) == expected
