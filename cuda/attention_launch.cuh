@@ -133,10 +133,17 @@ inline bool short_columns(int64_t E, int64_t Ns) {
 // (GATv2 8x10 bf16 peak 150.8 -> 101.9 MiB, the Transformer 8x10 bf16 165.4 ->
 // 120.3 MiB, uniform 100k).  Not on longer columns (a PATTERN batch, 51 per
 // column: 1.05-1.19x) nor at wider heads, where the arrays weigh less.
-template <typename T, int VEC>
+// Dot attention in fp16 / bf16 recomputes once the arrays outweigh the source
+// rows once (kLeanRows): its 8 x 19 (heads of 20, packed pairs) on the 100k
+// graphs, whose stored pairs held its forward+backward's peak at 10.9x below
+// PyG's (235.6 MiB on the power-law graph; 192.8 recomputing, 13.3x) for
+// 1.13-1.15x the layer's GPU forward+backward (H200, docs/KERNELS.md, session
+// 40); GATv2 meets 12x there with its pairs stored and keeps 2.
+template <int KIND, typename T> constexpr int64_t kLeanRows = KIND == DOT && sizeof(T) == 2 ? 1 : 2;
+template <int KIND, typename T, int VEC>
 bool recompute_lean(bool short_cols, int64_t E, int64_t Ns, int64_t F, int64_t edge_bytes) {
   return kShortColBatch<T, VEC, kColRecompute> > 0 && short_cols &&
-         E * edge_bytes > 2 * Ns * F * (int64_t)sizeof(T);
+         E * edge_bytes > kLeanRows<KIND, T> * Ns * F * (int64_t)sizeof(T);
 }
 
 // Whether a graph's gathered source rows (the value rows, and dot attention's
@@ -512,7 +519,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   const bool short_cols = short_columns(E, Ns);
   const bool recompute =
       E > 0 && recompute_backward(E * p.H * edge_bytes,
-                                  recompute_lean<T, VEC>(short_cols, E, Ns, p.F, edge_bytes));
+                                  recompute_lean<KIND, T, VEC>(short_cols, E, Ns, p.F, edge_bytes));
   const bool alpha_mode = alpha_ok && !recompute;
   if constexpr (kSingle) {
     if (gat_single && !recompute) {

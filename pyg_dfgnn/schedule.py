@@ -407,7 +407,8 @@ def backward_path(kind: int, heads: int, feat: Optional[int] = None,
             f"{WIDE_HEAD_BYTES} bytes without edge features (bf16: E x H x 2 bytes)")
     auto = ("" if kind == GAT else "; auto mode recomputes where memory is short, and on "
             "graphs of at most 32 edges per source column where the stored arrays would "
-            "outweigh twice the source rows (wide tiles: e.g. heads of 10-12 at average "
-            "degree 16)")
+            "outweigh twice the source rows (dot attention in fp16 / bf16: once; wide "
+            "tiles: e.g. heads of 10-12 at average degree 16, dot attention's half "
+            "heads of 20 above 10)")
     return (f"{stored}; recompute mode: row pass + recomputing column pass (nothing per "
             f"edge){auto}{lean}")

@@ -734,25 +734,27 @@ def test_captured_degree_order_follows_the_replayed_graph():
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("kind,dtype,feat,edge_bytes", [("gatv2", torch.bfloat16, 12, 4),
-                                                        ("dot", torch.bfloat16, 12, 4),
-                                                        ("gatv2", torch.float32, 10, 8)])
+@pytest.mark.parametrize("kind,dtype,feat,edge_bytes,rows", [("gatv2", torch.bfloat16, 12, 4, 2),
+                                                             ("dot", torch.bfloat16, 12, 4, 1),
+                                                             ("dot", torch.bfloat16, 20, 4, 1),
+                                                             ("gatv2", torch.float32, 10, 8, 2)])
 def test_auto_mode_recomputes_narrow_heads_on_short_columns(kind, dtype, feat, edge_bytes,
-                                                            monkeypatch):
+                                                            rows, monkeypatch):
     """``PYG_DFGNN_BACKWARD=auto`` recomputes where the stored per-edge arrays
-    (E x H x edge_bytes) would outweigh twice the source rows and the columns
-    are short (at most 32 edges per source node on average: the recomputing
-    column pass's one-edge batches, cuda/attention_launch.cuh: recompute_lean):
-    8 heads of 12 bf16 (GATv2, dot) or 10 fp32 (GATv2) at 16 edges per source
-    column keep nothing per edge, as the recompute mode; at 64 per column
-    (longer columns) auto stores, as the store mode.  The float64 check passes
-    on both graphs in auto mode."""
+    (E x H x edge_bytes) would outweigh ``rows`` times the source rows (twice;
+    once for dot attention in fp16 / bf16) and the columns are short (at most
+    32 edges per source node on average: the recomputing column pass's
+    one-edge batches, cuda/attention_launch.cuh: recompute_lean): 8 heads of
+    12 bf16 (GATv2, dot), of 20 bf16 (dot: the Transformer's 8 x 19) or 10
+    fp32 (GATv2) at 16 edges per source column keep nothing per edge, as the
+    recompute mode; at 64 per column (longer columns) auto stores, as the
+    store mode.  The float64 check passes on both graphs in auto mode."""
     k, H = KINDS[kind], 8
     for ns, per_column, recomputes in ((20000, 16, True), (5000, 64, False)):
         nd = 20000
         ei = random_graph(ns, nd, ns * per_column, generator=torch.Generator().manual_seed(3))
         E = ei.size(1)
-        assert (E * edge_bytes > 2 * ns * feat * dtype.itemsize) and (E <= 32 * ns) == recomputes
+        assert (E * edge_bytes > rows * ns * feat * dtype.itemsize) and (E <= 32 * ns) == recomputes
         g = get_graph(ei.cuda(), (ns, nd))
         inp = make_inputs(k, ns, nd, E, H, feat, dtype, "cuda")
         for v in leaves(inp):
