@@ -685,8 +685,9 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
 }
 
 // dtype x index x vector-width dispatch.  The op registration pads feature
-// rows to a multiple of a 16- or 8-byte vector (4-byte for GAT in fp16 / bf16: a
-// width of 2 mod 4 such as 8 x 10 runs unpadded, no copies) and aligns them
+// rows to a multiple of a 16- or 8-byte vector (4-byte for GAT in fp16 / bf16,
+// and for dot attention's and AGNN's heads of 2, 6 or 10: a width of 2 mod 4
+// such as 8 x 10 runs unpadded, no copies) and aligns them
 // (dfgnn_ops.cpp: fit_features), so there is no scalar instantiation.
 template <int KIND, template <int, typename, typename, int> class Fn, typename... Args>
 void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {

@@ -118,12 +118,13 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
 
 // ------------------------------------------------------------ feature layout
 // The kernels load features in 16-byte vectors, or 8-byte ones where F is not a
-// multiple of the 16-byte vector, or (GAT in fp16 / bf16) 4-byte ones where F is
-// not a multiple of the 8-byte vector, so every head of a row must start on a
-// vector boundary.  A width that is a multiple of the narrowest vector (8 x 10
-// fp32, GAT's 8 x 10 bf16 since session 17, 4 x 12 bf16, ...) runs as it is: no
-// copy.  Other widths (8 x 19 fp32 or bf16, the vector-score kinds' 8 x 10 bf16,
-// ...) are zero-padded here instead of running a scalar path:
+// multiple of the 16-byte vector, or (GAT in fp16 / bf16; dot attention's and
+// AGNN's fp16 / bf16 heads of 2, 6 or 10) 4-byte ones where F is not a multiple
+// of the 8-byte vector, so every head of a row must start on a vector boundary.
+// A width that is a multiple of the narrowest vector (8 x 10 fp32, GAT's 8 x 10
+// bf16 since session 17, the Transformer's 8 x 10 bf16 since session 40, 4 x 12
+// bf16, ...) runs as it is: no copy.  Other widths (8 x 19 fp32 or bf16,
+// GATv2's 8 x 10 bf16, ...) are zero-padded here instead of running a scalar path:
 // zero features add nothing to scores, dP or Delta, and the padded output /
 // gradient columns are sliced off.  The padded width is a 16-byte multiple, or
 // an 8-byte one where the 16-byte multiple would pad by more than a quarter.
