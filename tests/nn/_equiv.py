@@ -591,7 +591,8 @@ def check_backward_modes_against_float64(pyg_cls: type, our_cls: type, kwargs: D
                                          dtype: torch.dtype, monkeypatch) -> None:
     """A layer op's recomputing (``mode`` ``"recompute"``) or alpha backward
     (``"alpha"``: the stored mode with ``PYG_DFGNN_ALPHA_MODE=1``) on GPU-bound
-    calls (heads in the kernels' padded width) against float64 by
+    calls (heads in the width those project to: ``_padded.kernel_width``)
+    against float64 by
     :func:`check_layer_op_against_float64` in ``dtype``, with and without
     nearly saturated rows (the ``weight`` parameter x 30), which the row pass
     re-sweeps with the exact Delta."""

@@ -361,11 +361,11 @@ def test_narrow_heads_backward_keeps_one_delta(mode, monkeypatch):
 @pytest.mark.parametrize("kw", [dict(heads=8, out_channels=10), dict(heads=8, out_channels=19)],
                          ids=["8x10", "8x19"])
 def test_narrow_heads_bf16_backward_against_float64(kw, mode, monkeypatch):
-    """The same in bf16 on GPU-bound calls (heads padded to the kernels' width,
-    12 and 20): the recomputing and the (opt-in) alpha backward, whose row
-    pass writes its Delta over the one taken from the output, within 2x
-    PyG's own bf16 error against float64 (+ 4 bf16 roundings), with and
-    without nearly saturated rows.  (At this size the bf16 backward's peak
+    """The same in bf16 on GPU-bound calls (heads of 10 as they are, on the
+    kernels' five 4-byte vectors; 19 padded to 20): the recomputing and the
+    (opt-in) alpha backward, whose row pass writes its Delta over the one
+    taken from the output, within 2x PyG's own bf16 error against float64 (+ 4
+    bf16 roundings), with and without nearly saturated rows.  (At this size the bf16 backward's peak
     lies in the projections' column sums, not at the Delta: its memory is
     measured in docs/BENCHMARKS.md, session 39.)"""
     check_backward_modes_against_float64(
