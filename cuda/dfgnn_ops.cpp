@@ -453,6 +453,9 @@ bool src_in_place(int64_t kind, bool agnn, const FeatArgs& f, const at::Tensor& 
          f.val.data_ptr() == val->data_ptr();
 }
 
+// n ones of like's dtype and device, kept per (device, dtype, stream) (below)
+at::Tensor ones_like_rows(const at::Tensor& like, int64_t n);
+
 // (the arguments of DFGNN_ATTENTION_BWD_SCHEMA; fold: attention_bwd_folded, below;
 // blocks: where q / k / v are the column blocks of one buffer (qkv_blocks),
 // their gradients are the same blocks of one new buffer, which the layer's
@@ -533,7 +536,9 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
       const auto g2 = grad_out.reshape({-1, orig.att.numel()});
       o.d_att = at::empty(orig.att.sizes(), orig.att.options());
       at::Tensor d_att = o.d_att.view({-1});
-      at::mv_out(d_att, g2.t(), at::ones({g2.size(0)}, g2.options()));
+      // (over the kept ones vector, as the layer ops' column sums: no allocation
+      // and fill per call)
+      at::mv_out(d_att, g2.t(), ones_like_rows(g2, g2.size(0)));
     }
   }
   else if (kind == 1) bwd_gatv2(g, f, s, bi, o);

@@ -607,6 +607,91 @@ def check_backward_modes_against_float64(pyg_cls: type, our_cls: type, kwargs: D
                                            scale={weight: q}, dtype=dtype)
 
 
+def check_bias_grad_over_kept_ones(conv: torch.nn.Module, bias: Tensor, node: str,
+                                   dtype: torch.dtype) -> None:
+    """A layer op's bias gradient that is a GEMV column sum of the output
+    gradient over the ones vector the op keeps per (device, dtype, stream) and
+    grows (``dfgnn_ops.cpp: ones_like_rows``; ``bias``: that parameter of
+    ``conv``, whose op's autograd node is ``node``): within the fp32
+    summation bound of the float64 sum on calls that grow the kept vector, on
+    a side stream, and in CUDA graphs replayed after capture, one on a stream
+    whose kept vector is long enough (read in the graph) and one on a stream
+    without one (the graph's own, not kept); and the first graph replayed
+    again after its stream's vector was outgrown (an outgrown vector stays
+    allocated: the graph reads it)."""
+    u = torch.finfo(torch.float32).eps
+    width = bias.numel()
+
+    def case(n, seed):
+        ei = random_edge_index(n, n, 4 * n, seed=seed, device="cuda")
+        x = torch.randn(n, F_IN, device="cuda", dtype=dtype, requires_grad=True)
+        return x, ei, torch.randn(n, width, device="cuda", dtype=dtype)
+
+    def step(x, ei, g):
+        conv.zero_grad(set_to_none=True)
+        out = conv(x, ei)
+        assert node in layer_op_node(out)
+        out.backward(g)
+
+    def check(g):
+        want = g.double().sum(0)
+        bound = g.size(0) * u * g.double().abs().sum(0) + torch.finfo(dtype).eps * want.abs()
+        got = bias.grad.double()
+        assert bool(((got - want).abs() <= bound).all()), float((got - want).abs().max())
+
+    for n, seed in ((300, 1), (5000, 2), (9000, 3), (2000, 4)):   # (kept: 4096, then grown)
+        x, ei, g = case(n, seed)
+        bias.grad = torch.full_like(bias, float("nan"))
+        step(x, ei, g)
+        check(g)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x, ei, g = case(3000, 5)
+        step(x, ei, g)
+        check(g)
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for n, stream in ((2500, side), (6000, None)):
+        x, ei, g = case(n, 10 + n)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                step(x, ei, g)   # (warm-up: the graph cache, this stream's vector)
+            torch.cuda.current_stream().wait_stream(stream)
+        else:
+            step(x, ei, g)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        conv.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph, stream=stream):
+            out = conv(x, ei)
+            out.backward(g)
+        grad = bias.grad
+        g.copy_(torch.randn_like(g))
+        grad.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(g)
+        graphs.append((graph, out, grad, g))
+    # the side stream's vector (4096 long) outgrown by an eager call on that
+    # stream, then blocks of its size allocated and filled there (what a
+    # freed vector's memory would become): the first graph still reads ones
+    with torch.cuda.stream(side):
+        step(*case(20000, 7))
+        junk = [torch.full((4096,), 7.0, device="cuda", dtype=dtype) for _ in range(256)]
+    torch.cuda.synchronize()
+    graph, out, grad, g = graphs[0]
+    g.copy_(torch.randn_like(g))
+    grad.fill_(float("nan"))
+    bias.grad = grad
+    graph.replay()
+    torch.cuda.synchronize()
+    check(g)
+    del graphs, junk
+    conv.zero_grad(set_to_none=True)
+
+
 def check_layer_op_basics(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: str) -> None:
     """What every layer's one-op path (``node``) shows on CUDA: a plain call
     takes it, its output is the op's node's own (:func:`check_layer_op_output`);

@@ -6,7 +6,8 @@ import torch_geometric.nn as pyg_nn
 from pyg_dfgnn.nn import GATConv
 
 from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N, SparseTensor,
-                     assert_layer_op_equals_several_ops, check_bf16_against_float64, check_core,
+                     assert_layer_op_equals_several_ops, check_bf16_against_float64,
+                     check_bias_grad_over_kept_ones, check_core,
                      check_layer_op_against_float64, check_layer_op_guards,
                      check_equivalence, check_formats, check_state_dict_round_trip,
                      dropout_runs, feats, layer_op_case, layer_op_equality_cases,
@@ -284,6 +285,20 @@ def test_layer_op_against_float64(kw, gpu_bound, monkeypatch):
         monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     check_layer_op_against_float64(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, **kw),
                                    "GatLayerFn")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_layer_op_bias_gradient_over_kept_ones(dtype):
+    """The bias the one-op path adds in the kernel's epilogue gets its
+    gradient as a GEMV column sum of the output gradient over the op's kept
+    ones vector (``dfgnn_ops.cpp: attention_bwd_impl``, ``ones_like_rows``;
+    it allocated and filled one per backward before):
+    :func:`check_bias_grad_over_kept_ones`."""
+    torch.manual_seed(0)
+    conv = GATConv(F_IN, 10, heads=8).to("cuda", dtype)
+    check_bias_grad_over_kept_ones(conv, conv.bias, "GatLayerFn", dtype)
 
 
 @pytest.mark.cuda

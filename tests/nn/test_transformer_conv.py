@@ -6,8 +6,8 @@ import torch_geometric.nn as pyg_nn
 from pyg_dfgnn.nn import TransformerConv
 
 from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N,
-                     assert_layer_op_equals_several_ops, check_core, check_equivalence,
-                     check_backward_modes_against_float64,
+                     assert_layer_op_equals_several_ops, check_bias_grad_over_kept_ones,
+                     check_core, check_equivalence, check_backward_modes_against_float64,
                      check_backward_over_saved_projections, check_formats,
                      check_layer_op_against_float64, check_layer_op_guards,
                      check_state_dict_round_trip,
@@ -209,87 +209,14 @@ def test_layer_op_against_float64(kw):
 def test_layer_op_gemv_bias_gradients_over_kept_ones(dtype, monkeypatch):
     """The one-op path's GEMV column sums read a ones vector the op keeps per
     (device, dtype, stream) and grows (``dfgnn_ops.cpp: ones_like_rows``).
-    The skip bias's gradient is the column sum of the output gradient: within
-    the fp32 summation bound of the float64 sum on calls that grow the kept
-    vector, on a side stream, and in CUDA graphs replayed after capture, one
-    on a stream whose kept vector is long enough (read in the graph) and one
-    on a stream without one (the graph's own, not kept); and the first graph
-    replayed again after its stream's vector was outgrown (an outgrown vector
-    stays allocated: the graph reads it)."""
+    The skip bias's gradient is the column sum of the output gradient:
+    :func:`check_bias_grad_over_kept_ones` (grown vectors, a side stream,
+    CUDA graphs, an outgrown vector a graph still reads)."""
     from pyg_dfgnn.nn import _padded
     monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)   # (GEMV column sums)
     torch.manual_seed(0)
     conv = TransformerConv(F_IN, 10, heads=8).to("cuda", dtype)
-    u = torch.finfo(torch.float32).eps
-
-    def case(n, seed):
-        ei = random_edge_index(n, n, 4 * n, seed=seed, device="cuda")
-        x = torch.randn(n, F_IN, device="cuda", dtype=dtype, requires_grad=True)
-        return x, ei, torch.randn(n, 80, device="cuda", dtype=dtype)
-
-    def step(x, ei, g):
-        conv.zero_grad(set_to_none=True)
-        out = conv(x, ei)
-        assert "TransformerLayerFn" in layer_op_node(out)
-        out.backward(g)
-
-    def check(g):
-        want = g.double().sum(0)
-        bound = g.size(0) * u * g.double().abs().sum(0) + torch.finfo(dtype).eps * want.abs()
-        got = conv.lin_skip.bias.grad.double()
-        assert bool(((got - want).abs() <= bound).all()), float((got - want).abs().max())
-
-    for n, seed in ((300, 1), (5000, 2), (9000, 3), (2000, 4)):   # (kept: 4096, then grown)
-        x, ei, g = case(n, seed)
-        conv.lin_skip.bias.grad = torch.full_like(conv.lin_skip.bias, float("nan"))
-        step(x, ei, g)
-        check(g)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        x, ei, g = case(3000, 5)
-        step(x, ei, g)
-        check(g)
-    torch.cuda.current_stream().wait_stream(side)
-    graphs = []
-    for n, stream in ((2500, side), (6000, None)):
-        x, ei, g = case(n, 10 + n)
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                step(x, ei, g)   # (warm-up: the graph cache, this stream's vector)
-            torch.cuda.current_stream().wait_stream(stream)
-        else:
-            step(x, ei, g)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        conv.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph, stream=stream):
-            out = conv(x, ei)
-            out.backward(g)
-        grad = conv.lin_skip.bias.grad
-        g.copy_(torch.randn_like(g))
-        grad.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(g)
-        graphs.append((graph, out, grad, g))
-    # the side stream's vector (4096 long) outgrown by an eager call on that
-    # stream, then blocks of its size allocated and filled there (what a
-    # freed vector's memory would become): the first graph still reads ones
-    with torch.cuda.stream(side):
-        step(*case(20000, 7))
-        junk = [torch.full((4096,), 7.0, device="cuda", dtype=dtype) for _ in range(256)]
-    torch.cuda.synchronize()
-    graph, out, grad, g = graphs[0]
-    g.copy_(torch.randn_like(g))
-    grad.fill_(float("nan"))
-    conv.lin_skip.bias.grad = grad
-    graph.replay()
-    torch.cuda.synchronize()
-    check(g)
-    del graphs, junk
-    conv.zero_grad(set_to_none=True)
+    check_bias_grad_over_kept_ones(conv, conv.lin_skip.bias, "TransformerLayerFn", dtype)
 
 
 @saved_projection_cases
