@@ -978,14 +978,19 @@ at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
 // heads of kWideHeadBytes or more: there the node tensors outweigh the per-edge
 // arrays, and the Delta pass (the Transformer's skip GEMM again, three [N, H,
 // C] reads) cost 5-7 % of the Transformer's 4 x 64 forward+backward on the
-// 100k graphs (H100, docs/KERNELS.md, session 33).
+// 100k graphs (H100, docs/KERNELS.md, session 33).  It is saved at every
+// width where the caller asks (keep_attn: calls below the GPU-bound size,
+// nn/_padded.py, whose memory is small and whose time is the host's): the
+// backward then takes no Delta pass (row_delta) and, in the Transformer's, no
+// skip GEMM again (docs/KERNELS.md, session 41).
 // (kWideHeadBytes: attention_api.h)
 enum DeltaSource : int64_t { kFromOutput = 0, kOutIsAttn = 1, kAttnSaved = 2 };
 
-DeltaSource delta_source(const at::Tensor& out, const at::Tensor& attn) {
+DeltaSource delta_source(const at::Tensor& out, const at::Tensor& attn, bool keep_attn) {
   if (out.is_same(attn)) return kOutIsAttn;
-  return attn.size(2) * (int64_t)attn.element_size() >= kWideHeadBytes ? kAttnSaved
-                                                                       : kFromOutput;
+  return keep_attn || attn.size(2) * (int64_t)attn.element_size() >= kWideHeadBytes
+             ? kAttnSaved
+             : kFromOutput;
 }
 
 // ---------------------------------------------------------- Transformer layer
@@ -1031,9 +1036,9 @@ at::Tensor transformer_layer_nograd(const at::Tensor& x, at::TensorList ws, at::
 // bias (or undefined tensors), the projection output y [N, 3 H W], the output
 // (flat), lse, the attention output [N, H, W] where it is saved besides
 // (kAttnSaved; else undefined).  Its output: [N, H * C] (flat_alias), the
-// attention output's first C columns (+ the skip).  At narrow heads the
-// attention output is not kept where it is not the output (a skip, or padded
-// heads: kFromOutput): the backward takes Delta_i = <dO_i, O_i> from the
+// attention output's first C columns (+ the skip).  At narrow heads on
+// GPU-bound calls (no keep_attn) the attention output is not kept where it is
+// not the output (a skip, or padded heads: kFromOutput): the backward takes Delta_i = <dO_i, O_i> from the
 // output less the skip, recomputed (row_delta), one [N, H, W] tensor less from
 // the forward to the attention backward; O's padded columns are zero (so are
 // v's), and out - skip is O to one rounding of the output's magnitude, as
@@ -1046,7 +1051,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
                                const optional<at::Tensor>& bk, const at::Tensor& wv,
                                const optional<at::Tensor>& bv, const optional<at::Tensor>& ws,
                                const optional<at::Tensor>& bs, const LayerGraph* g, int64_t H,
-                               int64_t C, int64_t W, bool gemv) {
+                               int64_t C, int64_t W, bool gemv, bool keep_attn) {
     const int64_t N = x.size(0);
     const bool has_b = bq.has_value();   // (q / k / v: all biases or none)
     at::Tensor wp, bp;
@@ -1064,7 +1069,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
       out = out.contiguous();
     }
     const at::Tensor flat = flat_alias(out);
-    const DeltaSource ds = delta_source(out, attn);
+    const DeltaSource ds = delta_source(out, attn, keep_attn);
     ctx->save_for_backward(
         {x, wp, opt(ws), opt(bs), y, flat, lse, ds == kAttnSaved ? attn : at::Tensor()});
     save_graph(ctx, *g);
@@ -1074,7 +1079,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list r(14);
+    variable_list r(15);
     if (!grads[0].defined()) return r;
     Phases phase;
     phase("dfgnn::transformer_layer_backward::inputs");
@@ -1149,7 +1154,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
       const at::Tensor &wk, const optional<at::Tensor> &bk, const at::Tensor &wv,              \
       const optional<at::Tensor> &bv, const optional<at::Tensor> &ws,                          \
       const optional<at::Tensor> &bs, DFGNN_LAYER_GRAPH_PARAMS, double scale, double p,        \
-      int64_t seed, int64_t heads, int64_t chans, int64_t width, bool gemv
+      int64_t seed, int64_t heads, int64_t chans, int64_t width, bool gemv, bool keep_attn
 
 at::Tensor transformer_layer_nograd_call(DFGNN_TRANSFORMER_LAYER_PARAMS) {
   const LayerGraph g = DFGNN_LAYER_GRAPH(scale, 0.0);
@@ -1182,10 +1187,11 @@ at::Tensor transformer_layer_autograd(DFGNN_TRANSFORMER_LAYER_PARAMS) {
   if (!requires_grad({&x, &wq, &wk, &wv}, {&bq, &bk, &bv, &ws, &bs}))
     return transformer_layer_nograd_call(x, wq, bq, wk, bk, wv, bv, ws, bs, rowptr, col, perm,
                                          t_rowptr, t_col, t_perm, sched, work, merge, t_work,
-                                         t_merge, scale, p, seed, heads, chans, width, gemv);
+                                         t_merge, scale, p, seed, heads, chans, width, gemv,
+                                         keep_attn);
   const LayerGraph g = DFGNN_LAYER_GRAPH(scale, 0.0);
   return TransformerLayerFn::apply(x, wq, bq, wk, bk, wv, bv, ws, bs, &g, heads, chans, width,
-                                   gemv)[0];
+                                   gemv, keep_attn)[0];
 }
 
 // -------------------------------------------------------------- GATv2 layer
@@ -1248,19 +1254,20 @@ at::Tensor gatv2_epilogue(const at::Tensor& out, const optional<at::Tensor>& bia
 // undefined), the attention output where it is saved besides (kAttnSaved;
 // else undefined).  Its output: [N, H * C] (gatv2_epilogue's [N, H, C] as
 // flat_alias).  At narrow heads, where the output is not the attention output
-// (a bias, or padded heads: kFromOutput), the backward takes Delta from the
-// output less the bias (row_delta), as the Transformer's (above) and GAT's
-// (attention_launch.cuh).
+// (a bias, or padded heads: kFromOutput) and the call is GPU-bound (no
+// keep_attn), the backward takes Delta from the output less the bias
+// (row_delta), as the Transformer's (above) and GAT's (attention_launch.cuh).
 struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wl,
                                const optional<at::Tensor>& bl, const optional<at::Tensor>& wr,
                                const optional<at::Tensor>& br, const at::Tensor& att,
                                const optional<at::Tensor>& bias, const LayerGraph* g, int64_t H,
-                               int64_t C, int64_t W, bool gemv_proj, bool gemv_bias) {
+                               int64_t C, int64_t W, bool gemv_proj, bool gemv_bias,
+                               bool keep_attn) {
     Gatv2Fwd f = gatv2_forward(x, wl, bl, wr, br, att, *g, H, C, W);
     const at::Tensor out = gatv2_epilogue(f.out, bias, C);
     const at::Tensor flat = flat_alias(out);
-    const DeltaSource ds = delta_source(out, f.out);
+    const DeltaSource ds = delta_source(out, f.out, keep_attn);
     ctx->save_for_backward({x, f.wlp, f.wrp, f.xl, wr.has_value() ? f.xr : at::Tensor(),
                             f.attp, flat, f.lse, opt(bias),
                             ds == kAttnSaved ? f.out : at::Tensor()});
@@ -1272,7 +1279,7 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list r(13);
+    variable_list r(14);
     if (!grads[0].defined()) return r;
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &wlp = s[1], &wrp = s[2], &xl = s[3];
@@ -1330,7 +1337,7 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
       const optional<at::Tensor> &wr, const optional<at::Tensor> &br, const at::Tensor &att,   \
       const optional<at::Tensor> &bias, DFGNN_LAYER_GRAPH_PARAMS, double slope, double p,      \
       int64_t seed, int64_t heads, int64_t chans, int64_t width, bool gemv_proj,               \
-      bool gemv_bias
+      bool gemv_bias, bool keep_attn
 
 at::Tensor gatv2_layer_nograd(DFGNN_GATV2_LAYER_PARAMS) {
   const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
@@ -1344,10 +1351,10 @@ at::Tensor gatv2_layer_autograd(DFGNN_GATV2_LAYER_PARAMS) {
   if (!requires_grad({&x, &wl, &att}, {&bl, &wr, &br, &bias}))
     return gatv2_layer_nograd(x, wl, bl, wr, br, att, bias, rowptr, col, perm, t_rowptr, t_col,
                               t_perm, sched, work, merge, t_work, t_merge, slope, p, seed, heads,
-                              chans, width, gemv_proj, gemv_bias);
+                              chans, width, gemv_proj, gemv_bias, keep_attn);
   const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
   return Gatv2LayerFn::apply(x, wl, bl, wr, br, att, bias, &g, heads, chans, width, gemv_proj,
-                             gemv_bias)[0];
+                             gemv_bias, keep_attn)[0];
 }
 
 // --------------------------------------------------------------- AGNN layer
@@ -1451,12 +1458,13 @@ TORCH_LIBRARY(dfgnn_C, m) {
         "Tensor? bv, Tensor? ws, Tensor? bs, Tensor rowptr, Tensor col, Tensor? perm, "
         "Tensor t_rowptr, Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, "
         "Tensor? merge, Tensor? t_work, Tensor? t_merge, float scale, float dropout_p, "
-        "int seed, int heads, int chans, int width, bool gemv) -> Tensor");
+        "int seed, int heads, int chans, int width, bool gemv, bool keep_attn=False) -> Tensor");
   m.def("gatv2_layer(Tensor x, Tensor wl, Tensor? bl, Tensor? wr, Tensor? br, Tensor att, "
         "Tensor? bias, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, "
         "Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, Tensor? merge, "
         "Tensor? t_work, Tensor? t_merge, float negative_slope, float dropout_p, int seed, "
-        "int heads, int chans, int width, bool gemv_proj, bool gemv_bias) -> Tensor");
+        "int heads, int chans, int width, bool gemv_proj, bool gemv_bias, "
+        "bool keep_attn=False) -> Tensor");
   m.def("agnn_layer(Tensor x, Tensor beta, Tensor rowptr, Tensor col, Tensor? perm, "
         "Tensor t_rowptr, Tensor t_col, Tensor t_perm, int[] sched, Tensor? work, "
         "Tensor? merge, Tensor? t_work, Tensor? t_merge, float eps) -> Tensor");

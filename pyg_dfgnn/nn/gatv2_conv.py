@@ -12,7 +12,7 @@ from ..ops import GATV2, _check_float, _op_seed, gatv2_attention
 from ..ops.fused import gatv2_layer_on
 from ..schedule import plan_for
 from ._glue import _use
-from ._padded import kernel_width, paddable, padded_linear
+from ._padded import gpu_bound, kernel_width, paddable, padded_linear
 from ._fused import (FusedAttentionMixin, attention_weights, check_sparse_loops,
                      common_dtype, implied_edge_attr, resolve_adjacency)
 
@@ -83,7 +83,8 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         n = x.size(0)
         return gatv2_layer_on(g, plan_for(g, GATV2, width, H, x.dtype), x, lins[0],
                               lins[1] if len(lins) > 1 else None, att, bias, H, C, width, slope,
-                              p, _op_seed(p), _use(x, n, H * width), _use(x, n, H * C))
+                              p, _op_seed(p), _use(x, n, H * width), _use(x, n, H * C),
+                              not gpu_bound(n, H, C))
 
     def forward(  # noqa: F811
         self,

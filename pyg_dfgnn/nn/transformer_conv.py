@@ -124,9 +124,12 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
             return None
         width = kernel_width(C, x, H, DOT, pad_small=True)
         p = self._fused_dropout
+        # (calls below the GPU-bound size keep the attention output for the
+        # backward's Delta: two host calls fewer there, ops.fused.transformer_layer_on)
         return transformer_layer_on(g, plan_for(g, DOT, width, H, x.dtype), x, lins, H, C, width,
                                     1.0 / math.sqrt(C), p, _op_seed(p),
-                                    _use(x, x.size(0), 3 * H * width))
+                                    _use(x, x.size(0), 3 * H * width),
+                                    not gpu_bound(x.size(0), H, C))
 
     def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
                        edge_attr: OptTensor) -> Optional[Tensor]:

@@ -642,7 +642,8 @@ def gat_layer_on(graph, plan, x: Tensor, weight: Tensor, att_src: Tensor, att_ds
 
 
 def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, width: int,
-                         scale: float, dropout_p: float, seed: int, gemv: bool) -> Tensor:
+                         scale: float, dropout_p: float, seed: int, gemv: bool,
+                         keep_attn: bool = False) -> Tensor:
     """A Transformer layer's call on one node set (concatenated heads, no beta,
     no edge features), ``[N, heads * chans]``, as one op and
     one autograd node (``dfgnn_C::transformer_layer``, eager CUDA calls):
@@ -650,7 +651,11 @@ def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, w
     and zero-padded by one kernel), the skip projection, the fused dot
     attention, ``attention[..., :chans] + skip`` (or without a skip: its
     ``(weight, bias)`` ``(None, None)``); the backward's bias
-    gradients are column sums, GEMVs where ``gemv``.  ``lins`` are the
+    gradients are column sums, GEMVs where ``gemv``; with ``keep_attn`` the
+    op keeps the attention output for the backward's Delta = <dO, O> at any
+    head width (the layer's calls below the GPU-bound size: no Delta pass and
+    no second skip GEMM in the backward, for one ``[N, heads, width]`` tensor
+    more between forward and backward).  ``lins`` are the
     query, key, value and skip maps' ``(weight, bias)`` pairs (biases ``None``
     on q / k / v alike, on the skip alone).  The caller validated everything:
     one dtype and device, ``[heads * chans, in]`` weights, ``x [N, in]`` with ``N`` the graph's
@@ -660,13 +665,13 @@ def transformer_layer_on(graph, plan, x: Tensor, lins, heads: int, chans: int, w
     (wq, bq), (wk, bk), (wv, bv), (ws, bs) = lins
     return _ext().transformer_layer(x, wq, bq, wk, bk, wv, bv, ws, bs,
                                     *_layer_graph_args(graph, plan), scale, dropout_p,
-                                    seed, heads, chans, width, gemv)
+                                    seed, heads, chans, width, gemv, keep_attn)
 
 
 def gatv2_layer_on(graph, plan, x: Tensor, lin_l, lin_r, att: Tensor, bias: Optional[Tensor],
                    heads: int, chans: int, width: int, negative_slope: float,
                    dropout_p: float, seed: int, gemv_proj: bool,
-                   gemv_bias: bool) -> Tensor:
+                   gemv_bias: bool, keep_attn: bool = False) -> Tensor:
     """A GATv2 layer's call on one node set (concatenated heads, no residual,
     no edge features), ``[N, heads * chans]``, as one op and one autograd node
     (``dfgnn_C::gatv2_layer``, eager CUDA calls): ``x_l`` / ``x_r`` projected in
@@ -674,13 +679,14 @@ def gatv2_layer_on(graph, plan, x: Tensor, lin_l, lin_r, att: Tensor, bias: Opti
     ``lin_r`` ``None``: shared weights), the fused GATv2 attention with ``att``
     (``[1, heads, chans]`` or ``[heads, chans]``) padded alike, the first
     ``chans`` columns + ``bias``; the bias gradients as column sums, GEMVs
-    where ``gemv_proj`` / ``gemv_bias``.  The caller validated everything
-    (:class:`pyg_dfgnn.nn.GATv2Conv`); ``plan`` is the schedule for ``(GATV2,
+    where ``gemv_proj`` / ``gemv_bias``; ``keep_attn`` as for
+    :func:`transformer_layer_on` (no Delta pass in the backward).  The caller
+    validated everything (:class:`pyg_dfgnn.nn.GATv2Conv`); ``plan`` is the schedule for ``(GATV2,
     width, heads, x.dtype)``; ``seed`` as for :func:`gat_layer_on`."""
     wr, br = lin_r if lin_r is not None else (None, None)
     return _ext().gatv2_layer(x, lin_l[0], lin_l[1], wr, br, att, bias,
                               *_layer_graph_args(graph, plan), negative_slope, dropout_p,
-                              seed, heads, chans, width, gemv_proj, gemv_bias)
+                              seed, heads, chans, width, gemv_proj, gemv_bias, keep_attn)
 
 
 def agnn_layer_on(graph, plan, x: Tensor, beta: Tensor, eps: float) -> Tensor:

@@ -763,6 +763,38 @@ def check_layer_op_output(conv: torch.nn.Module, x: Tensor, ei: Tensor, node: st
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def check_small_calls_keep_attention(cls: type, kw: Dict[str, Any], node: str,
+                                     monkeypatch) -> None:
+    """A layer op whose output is not its attention output (a skip or bias
+    added, or padded heads) takes the backward's Delta = <dO, O> from the
+    output less those (``dfgnn_ops.cpp``: ``row_delta``, a pass of its own)
+    at narrow heads on GPU-bound calls, where memory counts; below the
+    GPU-bound size (``nn/_padded.py: gpu_bound``) it keeps the attention
+    output instead (``keep_attn``), and its backward runs no Delta pass:
+    checked from the backward's CUDA kernels, in fp32 and bf16.  (The
+    gradients of such calls: ``test_layer_op_against_float64`` and
+    ``test_layer_op_equals_the_path_of_several_ops`` below the GPU-bound size.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    from pyg_dfgnn.nn import _padded
+    default = _padded.GPU_BOUND_ELEMENTS
+    for dtype in (torch.float32, torch.bfloat16):
+        for forced in (False, True):
+            monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0 if forced else default)
+            conv, x, ei, grad = layer_op_case(cls, kw, dtype, train=False)
+            assert _padded.gpu_bound(x.size(0), kw["heads"], kw["out_channels"]) == forced
+            out = conv(x, ei)
+            assert node in layer_op_node(out)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                out.backward(grad)
+                torch.cuda.synchronize()
+            cuda = torch.autograd.DeviceType.CUDA
+            names = [e.name for e in prof.events() if e.device_type == cuda]
+            assert any("bwd_row" in n or "bwd_col" in n for n in names), names
+            assert any("row_delta" in n for n in names) == forced, (dtype, forced, names)
+
+
 def layer_op_case(cls: type, kw: Dict[str, Any], dtype: torch.dtype, train: bool):
     """``(conv, x, edge_index, output gradient)`` for the one-op path tests on
     CUDA: ``cls(F_IN, dropout=0.3, **kw)`` in ``dtype`` (training mode where

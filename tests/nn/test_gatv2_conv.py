@@ -10,6 +10,7 @@ from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N,
                      check_backward_modes_against_float64,
                      check_backward_over_saved_projections, check_formats,
                      check_layer_op_against_float64, check_layer_op_guards,
+                     check_small_calls_keep_attention,
                      check_state_dict_round_trip,
                      dropout_runs, feats, layer_op_case, layer_op_equality_cases,
                      layer_op_node, random_edge_index, saved_projection_cases)
@@ -114,6 +115,17 @@ def test_layer_op_equals_the_path_of_several_ops(kw, dtype, train, gpu_bound, mo
     assert_layer_op_equals_several_ops(gatv2_conv, conv, x, ei, grad, "Gatv2LayerFn",
                                        monkeypatch,
                                        delta_from_output=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_small_calls_keep_the_attention_output(monkeypatch):
+    """At 8 x 10, whose output is the attention output plus the bias, calls below
+    the GPU-bound size keep the attention output for the backward's Delta and
+    run no Delta pass; GPU-bound calls take Delta from the output
+    (check_small_calls_keep_attention)."""
+    check_small_calls_keep_attention(GATv2Conv, dict(heads=8, out_channels=10), "Gatv2LayerFn",
+                                     monkeypatch)
 
 
 @pytest.mark.cuda
