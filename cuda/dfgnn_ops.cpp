@@ -1038,9 +1038,10 @@ at::Tensor transformer_layer_nograd(const at::Tensor& x, at::TensorList ws, at::
 // (kAttnSaved; else undefined).  Its output: [N, H * C] (flat_alias), the
 // attention output's first C columns (+ the skip).  At narrow heads on
 // GPU-bound calls (no keep_attn) the attention output is not kept where it is
-// not the output (a skip, or padded heads: kFromOutput): the backward takes Delta_i = <dO_i, O_i> from the
-// output less the skip, recomputed (row_delta), one [N, H, W] tensor less from
-// the forward to the attention backward; O's padded columns are zero (so are
+// not the output (a skip, or padded heads: kFromOutput): the backward takes
+// Delta_i = <dO_i, O_i> from the output less the skip, recomputed (row_delta),
+// one [N, H, W] tensor less from the forward to the attention backward; O's
+// padded columns are zero (so are
 // v's), and out - skip is O to one rounding of the output's magnitude, as
 // GAT's out - bias (attention_launch.cuh).  The row pass re-sweeps a nearly
 // saturated row with the exact Delta, so that rounding is not amplified there
