@@ -48,7 +48,14 @@ constexpr int64_t kStagedAtt = 6144;
 
 // Forward.  One group of G lanes per (node, head), grid-stride over the
 // pairs; STAGED: both attention vectors in shared memory as fp32 [2][H][F]
-// with zeros past C, read in the lanes' VEC-wide slices.
+// with zeros past C, read in the lanes' VEC-wide slices.  Each lane takes up
+// to kLogitSlots vectors of a row at once (logits_group: G covers a row in
+// that many slots where it can), so that a pass which gathers nothing still
+// keeps several loads in flight per lane and reduces over fewer shuffles
+// (docs/KERNELS.md, session 42: one vector per lane and a group of up to 32
+// lanes per row left the pass at 1.4 TB/s at 4 x 64 fp32, and at 32 lanes,
+// 13 idle, for heads of 19 in half precision).
+constexpr int kLogitSlots = 4;
 template <typename T, int VEC, typename TA, bool STAGED>
 __global__ void __launch_bounds__(kThreads)
 gat_logits_kernel(const T* __restrict__ x, const TA* __restrict__ att_s,
@@ -65,29 +72,47 @@ gat_logits_kernel(const T* __restrict__ x, const TA* __restrict__ att_s,
   }
   const Group g(G);
   const int64_t step = (int64_t)gridDim.x * (kThreads / G);
+  const int64_t lim = STAGED ? F : C, stride = (int64_t)G * VEC;
   for (int64_t pair = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / G; pair < pairs;
        pair += step) {   // (all lanes of a group take the same pairs)
     const int64_t h = pair % H;
     const T* row = x + pair * F;
     float s = 0.f, d = 0.f;
-    for (int64_t c = (int64_t)g.lg * VEC; c < (STAGED ? F : C); c += (int64_t)G * VEC) {
-      float v[VEC];
-      load_vec<T, VEC>(row + c, v);
-      if constexpr (STAGED) {
-        float ws[VEC], wd[VEC];
-        load_smem<VEC>(w + h * F + c, ws);
-        load_smem<VEC>(w + (H + h) * F + c, wd);
+    // each lane's slots of this pair: kLogitSlots loads issued before any of
+    // them is used (the loads in flight that a gather-free pass has to keep
+    // DRAM busy with)
+    for (int64_t c0 = (int64_t)g.lg * VEC; c0 < lim; c0 += kLogitSlots * stride) {
+      float v[kLogitSlots][VEC];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          s = fmaf(v[k], ws[k], s);
-          d = fmaf(v[k], wd[k], d);
+      for (int u = 0; u < kLogitSlots; ++u) {
+        const int64_t c = c0 + u * stride;
+        if (c < lim) {
+          load_vec<T, VEC>(row + c, v[u]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) v[u][k] = 0.f;
         }
-      } else {
+      }
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          if (c + k < C) {
-            s = fmaf(v[k], to_f(att_s[h * C + c + k]), s);
-            d = fmaf(v[k], to_f(att_d[h * C + c + k]), d);
+      for (int u = 0; u < kLogitSlots; ++u) {
+        const int64_t c = c0 + u * stride;
+        if (c >= lim) break;
+        if constexpr (STAGED) {
+          float ws[VEC], wd[VEC];
+          load_smem<VEC>(w + h * F + c, ws);
+          load_smem<VEC>(w + (H + h) * F + c, wd);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            s = fmaf(v[u][k], ws[k], s);
+            d = fmaf(v[u][k], wd[k], d);
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            if (c + k < C) {
+              s = fmaf(v[u][k], to_f(att_s[h * C + c + k]), s);
+              d = fmaf(v[u][k], to_f(att_d[h * C + c + k]), d);
+            }
           }
         }
       }
@@ -174,10 +199,9 @@ gat_logits_bwd_kernel(T* __restrict__ dx, const T* __restrict__ x, const T* __re
   }
 }
 
-// Widest load (elements) dividing F and the rows' alignment; the lane-group
-// size covering one head's F features in one sweep where it fits a warp.
+// Widest load (elements) dividing F and the rows' alignment.
 struct RowMap {
-  int vec, G;
+  int vec;
 };
 
 RowMap row_map(const at::Tensor& x, int64_t F, const at::Tensor& y = at::Tensor()) {
@@ -189,10 +213,18 @@ RowMap row_map(const at::Tensor& x, int64_t F, const at::Tensor& y = at::Tensor(
     const int64_t v = bytes / esz;
     if (v > 1 && F % v == 0 && addr % bytes == 0) { vec = (int)v; break; }
   }
+  return {vec};
+}
+
+// The forward's lanes per (node, head): the power of two that covers the
+// row's F features (its vec-wide vectors) in up to kLogitSlots vectors per
+// lane, at most a warp.
+int logits_group(int64_t F, int vec) {
   const int64_t vecs = (F + vec - 1) / vec;
+  const int64_t per = (vecs + kLogitSlots - 1) / kLogitSlots;
   int G = 1;
-  while (G < 32 && G < vecs) G <<= 1;
-  return {vec, G};
+  while (G < 32 && G < per) G <<= 1;
+  return G;
 }
 
 template <typename T, typename TA, template <typename, int, typename> class Fn,
@@ -309,7 +341,7 @@ std::tuple<at::Tensor, at::Tensor> gat_logits(const at::Tensor& x, const at::Ten
   if (x.numel() > 0) {
     const RowMap m = row_map(x, x.size(2));
     by_dtype<LogitsFwd>(x.scalar_type(), as.scalar_type() == at::kFloat, m.vec, x, as, ad, os,
-                        od, as.size(1), m.G);
+                        od, as.size(1), logits_group(x.size(2), m.vec));
   } else if (os.numel() > 0) {   // F == 0: empty sums
     os.zero_();
     od.zero_();

@@ -193,12 +193,15 @@ def test_bad_inputs_name_the_argument():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,F,C,offset", [(8, 19, 19, 0), (8, 10, 10, 1), (8, 20, 19, 0),
                                               (4, 64, 64, 1), (2, 3, 2, 0), (1, 256, 256, 0),
-                                              (33, 8, 8, 0), (8, 160, 150, 0), (8, 160, 160, 2)])
+                                              (33, 8, 8, 0), (8, 160, 150, 0), (8, 160, 160, 2),
+                                              (8, 800, 790, 0), (8, 800, 800, 1)])
 def test_cuda_logits_op(dtype, heads, F, C, offset, att_like_x):
     """The logits op and its backward alone against float64, including rows
     that are not 16-byte aligned (a view at an element offset into a buffer),
     attention vectors narrower than the rows and rows wider than one block's
-    tile of 256 vectors (8 x 160); the backward adds into ``d_x`` in place, leaves
+    tile of 256 vectors (8 x 160), rows that a warp's lanes cover in more than
+    one sweep of their forward slots, with the attention vectors read from
+    memory instead of shared memory (8 x 800); the backward adds into ``d_x`` in place, leaves
     the columns past C untouched and sums d_att in fp32."""
     ext = fused._ext()
     n = 300
