@@ -475,6 +475,14 @@ class _GraphCache:
 
     def get(self, adj: Any, key: Any, build, trusted: bool = False) -> CSRGraph:
         oid = id(adj)
+        if type(adj) is Tensor and not _STRICT[0]:
+            # the common hit (every layer call): an edge_index tensor on an
+            # accelerator, accepted on its version counter (as below, without
+            # its general steps: host time, docs/KERNELS.md, session 42)
+            hit = self._plain_hit(adj, oid, key)
+            if hit is not None:
+                self.hits += 1
+                return hit
         tensors = _tensors_of(adj)
         vers = _versions(tensors)
         hit = None
@@ -500,6 +508,19 @@ class _GraphCache:
         self.misses += 1
         self.put(adj, key, _Entry(vers, content, graph))
         return graph
+
+    def _plain_hit(self, adj: Tensor, oid: int, key: Any) -> Optional[CSRGraph]:
+        """The cached graph of a strided accelerator tensor ``adj`` whose version
+        counter is that of the entry's conversion, else ``None`` (the general
+        path decides)."""
+        if adj.layout != torch.strided or adj.is_cpu or adj.is_inference():
+            return None
+        with self._lock:
+            entries = self._d.get(oid)
+            hit = entries[1].get(key) if entries is not None and entries[0]() is adj else None
+        if hit is None or hit.versions != (adj._version,):
+            return None
+        return hit.graph
 
     def put(self, adj: Any, key: Any, entry: "_Entry") -> bool:
         """Store ``entry`` for ``(adj, key)``; False if ``adj`` cannot be weakly

@@ -94,14 +94,18 @@ class FusedAttentionMixin:
 
         ``tensors`` are the node-feature inputs (``None`` and pairs allowed).
         """
+        # (this runs on every layer call, eager or under torch.compile: plain
+        # reads where PyG's are plain -- host time, docs/KERNELS.md, session 42)
         if torch.jit.is_tracing():
             return "torch.jit tracing"
         if self.explain:
             return "explain mode"
         if self.decomposed_layers > 1:
             return "decomposed_layers > 1"
+        d = self.__dict__
         for name in _HOOK_DICTS:
-            if len(getattr(self, name)) > 0:
+            hooks = d[name] if name in d else getattr(self, name)
+            if len(hooks) > 0:
                 return "registered message-passing hooks"
         if self.flow != "source_to_target":
             return f"flow='{self.flow}'"
@@ -179,15 +183,36 @@ class FusedAttentionMixin:
         plain linear map (no hooks) with a ``[rows, in]`` weight and a
         ``[rows]`` bias or none, in ``x``'s dtype and on its device; else
         ``None``."""
-        wb = _plain_params(lin)
-        if wb is None:
-            return None
-        w, b = wb
-        if (w.shape != (rows, x.size(1)) or w.dtype != x.dtype or w.device != x.device
-                or (b is not None and (b.shape != (rows,) or b.dtype != x.dtype
-                                       or b.device != x.device))):
-            return None
-        return wb
+        maps = FusedAttentionMixin._layer_op_maps((lin,), rows, x)
+        return None if maps is None else maps[0]
+
+    @staticmethod
+    def _layer_op_maps(lins, rows: int, x: Tensor):
+        """:meth:`_layer_op_map` of each of ``lins`` (``x``'s attributes read
+        once), or ``None`` where one of them is not such a map."""
+        shape, dtype, device = (rows, x.size(1)), x.dtype, x.device
+        out = []
+        for lin in lins:
+            wb = _plain_params(lin)
+            if wb is None:
+                return None
+            w, b = wb
+            if (w.shape != shape or w.dtype != dtype or w.device != device
+                    or (b is not None and (b.shape != (rows,) or b.dtype != dtype
+                                           or b.device != device))):
+                return None
+            out.append(wb)
+        return out
+
+    def _member(self, name: str) -> Any:
+        """``getattr(self, name)`` for a parameter, buffer or submodule slot, read
+        from the module's own dicts where it is registered there (each
+        ``Module.__getattr__`` costs about a microsecond of a layer call's host
+        time)."""
+        for d in (self._parameters, self._buffers, self._modules):   # (__getattr__'s order)
+            if name in d:
+                return d[name]
+        return getattr(self, name)
 
     def _layer_op_graph(self, x: Tensor, edge_index: Tensor, loops: bool) -> Optional[CSRGraph]:
         """The cached CSR graph of a one-op call on the node set of ``x``

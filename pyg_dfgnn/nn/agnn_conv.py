@@ -46,7 +46,7 @@ class AGNNConv(FusedAttentionMixin, _PyGAGNNConv):
         gradient alike, bit for bit: the score sum divided by beta in fp32)
         with a few host calls instead of two Python autograd Functions and
         their ops (docs/KERNELS.md, sessions 30 and 31)."""
-        beta = self.beta
+        beta = self._member("beta")
         if not (self._layer_op_applies(LAYER_OP, x, edge_index) and x.is_contiguous()
                 and isinstance(beta, Tensor) and beta.numel() == 1
                 and beta.dtype == x.dtype and beta.device == x.device):

@@ -1,7 +1,7 @@
 """Drop-in :class:`torch_geometric.nn.GATConv` running the fused GAT kernel."""
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -65,9 +65,12 @@ def _epilogue_bias(conv, x_src: Tensor, res: Optional[Tensor]) -> Optional[Tenso
     return conv.bias.view(conv.heads, conv.out_channels)
 
 
-def _bias_in_epilogue(conv, x_src: Tensor, res: Optional[Tensor]) -> bool:
-    """Whether the fused op adds the layer's bias (:func:`_epilogue_bias`)."""
-    b, H, C = conv.bias, conv.heads, conv.out_channels
+def _bias_in_epilogue(conv, x_src: Tensor, res: Optional[Tensor], b: Any = ...) -> bool:
+    """Whether the fused op adds the layer's bias (:func:`_epilogue_bias`;
+    ``b``: ``conv.bias`` where the caller read it already)."""
+    if b is ...:
+        b = conv.bias
+    H, C = conv.heads, conv.out_channels
     return not (b is None or res is not None or not (conv.concat or H == 1) or H > 32
                 or b.dtype != x_src.dtype or b.numel() != H * C)
 
@@ -132,8 +135,9 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         H, C = self.heads, self.out_channels
         if self.res is not None or not (self.concat or H == 1):
             return None
-        wb = self._layer_op_map(self.lin, H * C, x)
-        att_src, att_dst = self.att_src, self.att_dst
+        member = self._member
+        wb = self._layer_op_map(member("lin"), H * C, x)
+        att_src, att_dst = member("att_src"), member("att_dst")
         if (wb is None or wb[1] is not None
                 or any(t.dtype != x.dtype or t.device != x.device for t in (att_src, att_dst))
                 or att_src.dim() not in (2, 3) or att_src.shape[-2:] != (H, C)
@@ -150,9 +154,10 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         # this path takes wherever that rule keeps a bias out of the kernel;
         # passed as the parameter itself, [H * C], which the op views [H, C]:
         # no view node in the autograd graph)
-        fold = _bias_in_epilogue(self, x, None)
-        bias = self.bias if fold else None
-        if self.bias is not None and (not fold or self.bias.device != x.device):
+        b = member("bias")
+        fold = _bias_in_epilogue(self, x, None, b)
+        bias = b if fold else None
+        if b is not None and (not fold or b.device != x.device):
             return None
         slope = _check_float("negative_slope", self.negative_slope)
         p = self._fused_dropout

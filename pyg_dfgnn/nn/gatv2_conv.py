@@ -66,10 +66,12 @@ class GATv2Conv(FusedAttentionMixin, _PyGGATv2Conv):
         H, C = self.heads, self.out_channels
         if not self.concat or self.res is not None:
             return None
-        lins = [self._layer_op_map(lin, H * C, x)
-                for lin in ((self.lin_l,) if self.share_weights else (self.lin_l, self.lin_r))]
-        att, bias = self.att, self.bias
-        if (any(wb is None for wb in lins) or att.dtype != x.dtype or att.device != x.device
+        member = self._member
+        lin_l = member("lin_l")
+        lins = self._layer_op_maps((lin_l,) if self.share_weights else (lin_l, member("lin_r")),
+                                   H * C, x)
+        att, bias = member("att"), member("bias")
+        if (lins is None or att.dtype != x.dtype or att.device != x.device
                 or att.shape[-2:] != (H, C) or att.dim() not in (2, 3)
                 or (bias is not None and (bias.dtype != x.dtype or bias.device != x.device
                                           or bias.shape != (H * C,)))):

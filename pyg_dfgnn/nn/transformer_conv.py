@@ -109,13 +109,14 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         docs/KERNELS.md, session 33)."""
         if not self._layer_op_applies(LAYER_OP, x, edge_index):
             return None
-        if not (self.concat and self.lin_beta is None and self.lin_edge is None):
+        member = self._member
+        if not (self.concat and member("lin_beta") is None and member("lin_edge") is None):
             return None
         H, C = self.heads, self.out_channels
-        maps = (self.lin_query, self.lin_key, self.lin_value)
-        lins = [self._layer_op_map(lin, H * C, x)
-                for lin in maps + ((self.lin_skip,) if self.root_weight else ())]
-        if any(wb is None for wb in lins) or len({wb[1] is None for wb in lins[:3]}) > 1:
+        maps = (member("lin_query"), member("lin_key"), member("lin_value"))
+        lins = self._layer_op_maps(maps + ((member("lin_skip"),) if self.root_weight else ()),
+                                   H * C, x)
+        if lins is None or len({wb[1] is None for wb in lins[:3]}) > 1:
             return None   # (q / k / v: biases on all or none)
         if len(lins) == 3:   # (no root weight)
             lins.append((None, None))
