@@ -14,7 +14,8 @@ in us of
   time between them -- from calls profiled with CUDA activity only, each
   between two marker kernels.
 
-``--cpu-top N`` also prints the N host ops of the forward (``--cpu-top-passes
+``--trace`` also prints one call's host ops and kernels on one clock
+(:func:`call_traces`).  ``--cpu-top N`` also prints the N host ops of the forward (``--cpu-top-passes
 fb``: of forward+backward) with the most self CPU time (torch.profiler, CPU
 activity)::
 
@@ -57,6 +58,82 @@ def split_calls(events, marker: str = "spin"):
             rows.append((ks[0][0] - open_at, busy, gaps))
         open_at, ks = e, []
     return rows
+
+
+def call_traces(events, marker: str = "call"):
+    """Per call of a profile whose calls ran inside host ranges ``marker<k>``
+    (``record_function``), on the profiler's one clock, in us from the call's
+    start: ``{"host", "first", "end", "busy", "kernels", "ops"}`` -- the range's
+    host time, the first kernel's start, the last kernel's end, the kernels' own
+    time (overlaps counted once), the kernels ``[(start, duration, name)]`` that
+    start before the next call, and the host ops ``[(start, duration, depth,
+    thread, name)]`` up to three levels below the range (on its thread) or from
+    the top of another thread (the autograd engine's; depth 0 = the first
+    level), in start order.  GPU-side
+    copies of host ranges (user annotations: the marker's, the op's
+    ``dfgnn::`` phases) are not kernels."""
+    import torch
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def is_marker(ev):
+        return ev.name.startswith(marker) and ev.name[len(marker):].isdigit()
+
+    def is_kernel(ev):
+        return (ev.device_type == cuda and not getattr(ev, "is_user_annotation", False)
+                and not is_marker(ev) and not ev.name.startswith("dfgnn::"))
+
+    def depth(ev):
+        d, p = 0, ev.cpu_parent
+        while p is not None and not is_marker(p):
+            d, p = d + 1, p.cpu_parent
+        return d
+
+    steps = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if is_marker(e) and e.device_type != cuda)
+    rows = []
+    for k, (s, e) in enumerate(steps):
+        nxt = steps[k + 1][0] if k + 1 < len(steps) else float("inf")
+        kern = sorted((ev.time_range.start - s, ev.time_range.end - ev.time_range.start, ev.name)
+                      for ev in events if is_kernel(ev) and s <= ev.time_range.start < nxt)
+        ops = sorted((ev.time_range.start - s, ev.time_range.end - ev.time_range.start,
+                      depth(ev), ev.thread, ev.name) for ev in events
+                     if ev.device_type != cuda and not is_marker(ev)
+                     and s <= ev.time_range.start < nxt and depth(ev) <= 2)
+        busy, end = 0.0, kern[0][0] if kern else 0.0
+        for a, d, _ in kern:
+            busy += max(0.0, a + d - max(a, end))
+            end = max(end, a + d)
+        rows.append({"host": e - s, "first": kern[0][0] if kern else float("nan"),
+                     "end": end, "busy": busy, "kernels": kern, "ops": ops})
+    return rows
+
+
+def trace(fn, reps: int = 7, warmup: int = 3):
+    """:func:`call_traces` of ``reps`` synchronised calls of ``fn`` profiled
+    with CPU and CUDA activity; the call whose last kernel ends at the median."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            torch.cuda.synchronize()
+            with record_function(f"call{i}"):
+                fn()
+            torch.cuda.synchronize()
+    rows = sorted(call_traces(prof.events()), key=lambda r: r["end"])
+    return rows[len(rows) // 2]
+
+
+def print_trace(r) -> None:
+    """One traced call (:func:`trace`), host ops and kernels in start order."""
+    print(f"    traced (profiled): host {r['host']:7.1f} first kernel @{r['first']:6.1f} "
+          f"last end @{r['end']:7.1f} busy {r['busy']:7.1f} kernels {len(r['kernels'])}")
+    for a, d, dep, th, n in r["ops"]:
+        print(f"      cpu t{th % 1000:03d} @{a:7.1f} +{d:6.1f} {'  ' * dep}{n[:70]}")
+    for a, d, n in r["kernels"]:
+        print(f"      gpu      @{a:7.1f} +{d:6.1f} {n[:70]}")
 
 
 def timeline(fn, reps: int, warmup: int = 5):
@@ -118,6 +195,10 @@ def main(argv=None) -> None:
                     help="the calls --cpu-top profiles: fwd, fb or fwd,fb (fb: forward "
                          "and backward, the backward's ops on the autograd engine's thread "
                          "included)")
+    ap.add_argument("--trace", action="store_true",
+                    help="also print one call's host ops and kernels on the profiler's "
+                         "clock (call_traces: where the host leaves the GPU idle; host "
+                         "times are the profiler's, several times the unprofiled ones)")
     a = ap.parse_args(argv)
     passes = a.cpu_top_passes.split(",")
     if not set(passes) <= {"fwd", "fb"}:
@@ -138,6 +219,8 @@ def main(argv=None) -> None:
             print(f"{spec['name']:14s} {lname:11s} {shp:5s} {dname:5s} {pname:3s} "
                   f"wall {r['wall']:7.1f} host {r['host']:6.1f} | pre {r['pre']:6.1f} "
                   f"busy {r['busy']:7.1f} gaps {r['gaps']:6.1f} (n {r['n']})", flush=True)
+            if a.trace:
+                print_trace(trace(fn))
         if a.cpu_top:
             for pname, fn in zip(("fwd", "fb"), bs.layer_calls(ours, x, ei)):
                 if pname in passes:
