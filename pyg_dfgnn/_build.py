@@ -6,9 +6,10 @@ Nothing is compiled at import time.  The first CUDA call (or
 ``torch.utils.cpp_extension.load`` for the visible GPU's architecture into a
 cache directory keyed by the sources' hash, the torch version and the arch::
 
-    $PYG_DFGNN_CACHE  (default ~/.cache/pyg_dfgnn)/<torch>-<cuda>-sm<arch>-<hash>/
+    $PYG_DFGNN_CACHE  (default ~/.cache/pyg_dfgnn)/<torch>-<cuda>-sm<arch>-<hash>-<tree>/
 
-so a rebuild happens only when one of them changes.
+so a rebuild happens only when one of them changes (``<tree>``: the source
+folder's own tag, so that two checkouts never share a build folder).
 
 Ahead of time: ``PYG_DFGNN_FORCE_BUILD=1 TORCH_CUDA_ARCH_LIST="8.0;9.0" pip
 install --no-build-isolation .`` compiles the same sources into the installed
@@ -114,11 +115,21 @@ def cache_root() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pyg_dfgnn"))
 
 
+def _tree_tag(folder: Path) -> str:
+    """A short hash of the folder the sources are built from.  torch's JIT
+    loader writes its build file with the sources' paths, so two checkouts of
+    the same sources sharing one build folder would each rebuild the
+    extension on their first call after the other's (a minute or more every
+    time: docs/KERNELS.md, session 42); the folder's own tag keeps them apart."""
+    return hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:8]
+
+
 def cache_dir() -> Path:
     root = cache_root()
     cuda = (torch.version.cuda or "nocuda").replace(".", "")
     tv = torch.__version__.split("+")[0]
-    return Path(root) / f"torch{tv}-cu{cuda}-sm{_arch()}-{_source_hash()}"
+    return Path(root) / (f"torch{tv}-cu{cuda}-sm{_arch()}-{_source_hash()}-"
+                         f"{_tree_tag(CUDA_DIR)}")
 
 
 def _check_cuda() -> None:
@@ -488,7 +499,8 @@ def cpu_cache_dir() -> Path:
         h.update(p.read_bytes())
     h.update(" ".join(sum(_cpu_flags(), [])).encode())
     tv = torch.__version__.replace("+", "_")
-    return Path(root) / f"torch{tv}-cpu-{platform_tag()}-{_cpu_isa()}-{h.hexdigest()[:16]}"
+    return Path(root) / (f"torch{tv}-cpu-{platform_tag()}-{_cpu_isa()}-{h.hexdigest()[:16]}-"
+                         f"{_tree_tag(CPU_DIR)}")
 
 
 def platform_tag() -> str:

@@ -1,6 +1,7 @@
 """The CUDA extension: nothing compiles at import; clear errors without CUDA."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,3 +47,25 @@ def test_cuda_smoke_op():
     a = torch.randn(50, 2, device="cuda")
     out, _ = gat_attention(g, x, a, a)
     assert out.shape == (50, 2, 8) and torch.isfinite(out).all()
+
+
+def test_build_folders_are_per_checkout(tmp_path, monkeypatch):
+    """Two checkouts of the same sources get build folders of their own (torch's
+    JIT loader writes the sources' paths into its build file: a shared folder
+    would rebuild the extension for each checkout in turn), keyed apart by the
+    source folder alone."""
+    import shutil
+
+    from pyg_dfgnn import _build
+    first = _build.cpu_cache_dir()
+    assert first.name.endswith("-" + _build._tree_tag(_build.CPU_DIR))
+    copy = tmp_path / "checkout"
+    shutil.copytree(_build.CPU_DIR, copy / "cpu")
+    shutil.copytree(_build.CUDA_DIR, copy / "cuda")
+    monkeypatch.setattr(_build, "CPU_DIR", copy / "cpu")
+    monkeypatch.setattr(_build, "CUDA_DIR", copy / "cuda")
+    second = _build.cpu_cache_dir()
+    assert second != first
+    assert second.name.rsplit("-", 1)[0] == first.name.rsplit("-", 1)[0]   # same content key
+    assert _build._tree_tag(copy / "cuda") != _build._tree_tag(Path(__file__).parents[1] / "cuda")
+    assert _build._tree_tag(copy / "cuda") == _build._tree_tag(copy / "cuda" / ".." / "cuda")
