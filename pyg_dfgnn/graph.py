@@ -485,14 +485,7 @@ class _GraphCache:
                 return hit
         tensors = _tensors_of(adj)
         vers = _versions(tensors)
-        hit = None
-        with self._lock:
-            entries = self._d.get(oid)
-            if entries is not None:
-                if entries[0]() is adj:
-                    hit = entries[1].get(key)
-                else:
-                    self._d.pop(oid, None)
+        hit = self._entry(adj, oid, key)
         skip = _skip_content(tensors, vers, trusted)
         if hit is not None and _same_versions(hit.versions, vers):
             if skip or _same_content(hit.content, tensors):
@@ -515,12 +508,20 @@ class _GraphCache:
         path decides)."""
         if adj.layout != torch.strided or adj.is_cpu or adj.is_inference():
             return None
+        hit = self._entry(adj, oid, key)
+        return hit.graph if hit is not None and hit.versions == (adj._version,) else None
+
+    def _entry(self, adj: Any, oid: int, key: Any) -> Optional["_Entry"]:
+        """The entry of ``(adj, key)``, or ``None``; an entry list left by a dead
+        object whose id ``adj`` now has is dropped."""
         with self._lock:
             entries = self._d.get(oid)
-            hit = entries[1].get(key) if entries is not None and entries[0]() is adj else None
-        if hit is None or hit.versions != (adj._version,):
-            return None
-        return hit.graph
+            if entries is None:
+                return None
+            if entries[0]() is not adj:
+                self._d.pop(oid, None)
+                return None
+            return entries[1].get(key)
 
     def put(self, adj: Any, key: Any, entry: "_Entry") -> bool:
         """Store ``entry`` for ``(adj, key)``; False if ``adj`` cannot be weakly

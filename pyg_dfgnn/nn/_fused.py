@@ -178,18 +178,11 @@ class FusedAttentionMixin:
                     and not torch.is_autocast_enabled("cuda") and not _global_hooks())
 
     @staticmethod
-    def _layer_op_map(lin, rows: int, x: Tensor):
-        """``(weight, bias)`` of a projection a one-op path can run itself: a
-        plain linear map (no hooks) with a ``[rows, in]`` weight and a
-        ``[rows]`` bias or none, in ``x``'s dtype and on its device; else
-        ``None``."""
-        maps = FusedAttentionMixin._layer_op_maps((lin,), rows, x)
-        return None if maps is None else maps[0]
-
-    @staticmethod
     def _layer_op_maps(lins, rows: int, x: Tensor):
-        """:meth:`_layer_op_map` of each of ``lins`` (``x``'s attributes read
-        once), or ``None`` where one of them is not such a map."""
+        """``[(weight, bias)]`` of projections a one-op path can run itself, or
+        ``None`` where one of ``lins`` is not such a map: a plain linear map
+        (no hooks) with a ``[rows, in]`` weight and a ``[rows]`` bias or none,
+        in ``x``'s dtype and on its device (``x``'s attributes read once)."""
         shape, dtype, device = (rows, x.size(1)), x.dtype, x.device
         out = []
         for lin in lins:

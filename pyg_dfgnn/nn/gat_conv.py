@@ -1,7 +1,7 @@
 """Drop-in :class:`torch_geometric.nn.GATConv` running the fused GAT kernel."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -65,12 +65,9 @@ def _epilogue_bias(conv, x_src: Tensor, res: Optional[Tensor]) -> Optional[Tenso
     return conv.bias.view(conv.heads, conv.out_channels)
 
 
-def _bias_in_epilogue(conv, x_src: Tensor, res: Optional[Tensor], b: Any = ...) -> bool:
-    """Whether the fused op adds the layer's bias (:func:`_epilogue_bias`;
-    ``b``: ``conv.bias`` where the caller read it already)."""
-    if b is ...:
-        b = conv.bias
-    H, C = conv.heads, conv.out_channels
+def _bias_in_epilogue(conv, x_src: Tensor, res: Optional[Tensor]) -> bool:
+    """Whether the fused op adds the layer's bias (:func:`_epilogue_bias`)."""
+    b, H, C = conv._member("bias"), conv.heads, conv.out_channels
     return not (b is None or res is not None or not (conv.concat or H == 1) or H > 32
                 or b.dtype != x_src.dtype or b.numel() != H * C)
 
@@ -136,7 +133,8 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         if self.res is not None or not (self.concat or H == 1):
             return None
         member = self._member
-        wb = self._layer_op_map(member("lin"), H * C, x)
+        maps = self._layer_op_maps((member("lin"),), H * C, x)
+        wb = None if maps is None else maps[0]
         att_src, att_dst = member("att_src"), member("att_dst")
         if (wb is None or wb[1] is not None
                 or any(t.dtype != x.dtype or t.device != x.device for t in (att_src, att_dst))
@@ -154,8 +152,8 @@ class GATConv(FusedAttentionMixin, _PyGGATConv):
         # this path takes wherever that rule keeps a bias out of the kernel;
         # passed as the parameter itself, [H * C], which the op views [H, C]:
         # no view node in the autograd graph)
+        fold = _bias_in_epilogue(self, x, None)
         b = member("bias")
-        fold = _bias_in_epilogue(self, x, None, b)
         bias = b if fold else None
         if b is not None and (not fold or b.device != x.device):
             return None
