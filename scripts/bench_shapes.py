@@ -78,16 +78,27 @@ def graph_cases(graphs: str, cases: str, dtypes: str, dev):
 def layer_calls(m, x, ei):
     """``(forward, forward+backward)`` calls of the layer ``m`` as the timing
     scripts run them: the forward without autograd; the forward on a copy of
-    ``x`` that requires grad and a backward of ones."""
+    ``x`` that requires grad and a backward of ones (made once).  As the
+    bench's forward+backward and a training step after
+    ``zero_grad(set_to_none=True)``, each call starts without gradients, so
+    the backward hands its gradients over instead of adding them to the last
+    call's (one ``add_`` kernel per parameter, and its host time, otherwise)."""
     xs = x.detach().requires_grad_(True)
+    params = [p for p in m.parameters() if p.requires_grad]
+    gout = []
 
     def fwd():
         with torch.no_grad():
             m(x, ei)
 
     def fb():
+        xs.grad = None
+        for p in params:
+            p.grad = None
         out = m(xs, ei)
-        out.backward(torch.ones_like(out))
+        if not gout or gout[0].shape != out.shape:
+            gout[:] = [torch.ones_like(out)]
+        out.backward(gout[0])
     return fwd, fb
 
 

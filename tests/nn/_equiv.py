@@ -4,6 +4,7 @@ its drop-in replacement with identical weights."""
 from __future__ import annotations
 
 import copy
+import gc
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import pytest
@@ -509,6 +510,7 @@ def check_backward_over_saved_projections(cls: type, kw: Dict[str, Any], dtype: 
         def backward(retain: bool):
             conv.zero_grad(set_to_none=True)
             x.grad = None
+            gc.collect()   # (cyclic garbage freed inside the measure would lower the peak)
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
@@ -546,7 +548,8 @@ def saved_projection_cases(fn):
 def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],
                                    node: str, graphs: int = 4, params: bool = True,
                                    scale: Optional[Dict[str, float]] = None,
-                                   dtype: torch.dtype = torch.float32) -> None:
+                                   dtype: torch.dtype = torch.float32,
+                                   recomputed: bool = False) -> None:
     """A layer's one-op path (``node``) in ``dtype`` (fp32 by default) on a
     PATTERN-like batch against PyG's layer in float64 with the same weights,
     by the FlashAttention rule: output and every gradient (the parameters'
@@ -555,7 +558,19 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
     reference tensor of the result's shape: a gradient that is 0 in exact
     arithmetic is compared on the scale of the others).  ``scale``:
     factors for some of the weights (by ``state_dict`` key), e.g. a query
-    weight large enough to saturate rows."""
+    weight large enough to saturate rows.
+
+    ``recomputed``: the backward forms the scores again in its own summation
+    order (the recomputing column pass), so the attention weights its
+    gradients are built on carry the scores' ``dtype`` rounding a second time,
+    independently of the forward's.  E.g. the Transformer's value-bias
+    gradient, sum_i (sum_j alpha_ij) dO_i -- exactly sum_i dO_i -- then
+    differs by that relative error, which PyG's own layer shows in its output
+    (its error over its largest value: the same scores' rounding, seen
+    through the same softmax).  The bound gains that relative error on each
+    tensor's scale: at saturated rows (scores of tens) it is ~15 fp32
+    roundings, where a row summed without the re-sweep's exact Delta or a
+    wrong alpha is off by 1e-3 or more."""
     from pyg_dfgnn.data import pattern_like_batch
     torch.manual_seed(0)
     ei = pattern_like_batch(graphs, seed=1).edge_index.cuda()
@@ -582,6 +597,9 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
     tensors = [("out", *outs), ("x", x.grad, xl.grad, xo.grad)] + [
         (k, p.grad, named[1][k].grad, named[2][k].grad) for k, p in named[0].items() if params]
     u = torch.finfo(dtype).eps
+    # (the scores' relative rounding, as PyG's output shows it; see recomputed)
+    rel = float((outs[1].double() - outs[0]).abs().max() / outs[0].abs().max()) \
+        if recomputed else 0.0
     for k, want, base, got in tensors:
         err = float((got.double() - want).abs().max())
         err_pyg = float((base.double() - want).abs().max())
@@ -590,7 +608,7 @@ def check_layer_op_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[st
         # does not see a shift of a row's scores, is rounding noise on both
         # sides, compared on the scale of the other biases')
         s = max(float(w.abs().max()) for _, w, _, _ in tensors if w.shape == want.shape)
-        assert err <= 2 * err_pyg + 4 * u * s, (k, err, err_pyg, s)
+        assert err <= 2 * err_pyg + (4 * u + rel) * s, (k, err, err_pyg, s, rel)
 
 
 def check_backward_modes_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[str, Any],
@@ -611,7 +629,8 @@ def check_backward_modes_against_float64(pyg_cls: type, our_cls: type, kwargs: D
     with backward_mode("store" if mode == "alpha" else "recompute"):
         for q in (1.0, 30.0):
             check_layer_op_against_float64(pyg_cls, our_cls, kwargs, node, graphs=8,
-                                           scale={weight: q}, dtype=dtype)
+                                           scale={weight: q}, dtype=dtype,
+                                           recomputed=mode == "recompute")
 
 
 def check_bias_grad_over_kept_ones(conv: torch.nn.Module, bias: Tensor, node: str,
