@@ -25,7 +25,7 @@ at::Tensor row_delta(const at::Tensor& dout, const at::Tensor& out, const at::Te
                         out.data_ptr<T>(), out.stride(0), out.stride(1),
                         sub.defined() ? sub.data_ptr<T>() : nullptr,
                         sub.defined() ? sub.stride(0) : 0, sub.defined() ? sub.stride(1) : 0,
-                        nullptr, delta.data_ptr<float>(), stream);
+                        nullptr, nullptr, nullptr, delta.data_ptr<float>(), stream);
   };
   switch (out.scalar_type()) {
     case at::kFloat: go(float{}); break;

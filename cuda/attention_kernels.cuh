@@ -248,6 +248,14 @@ template <typename T, int VEC, int MODE> constexpr int kShortColBatch =
 // is of the order of that rounding in PyTorch's softmax backward too), and D
 // is used as it is, as FlashAttention does.
 constexpr float kDominated = 0.69314718f;
+// GAT's atomic mode keeps per (destination row, head) kGatAcc floats (32
+// bytes, one L2 sector): {X_i, d_dst's term, alpha's factor, D_i (then eps_i)}
+// -- the first three summed by the column pass's atomics -- and {m_i, log l_i,
+// a_dst_i, D_i}, which row_delta_kernel copies there from the forward's lse
+// and the node logits, so that the column pass reads a destination row's
+// statistics with one 16-byte load per edge and head instead of four
+// scattered scalar loads from four arrays.
+constexpr int kGatAcc = 8;
 #ifndef DFGNN_GAT_NO_ATOMICS
 #define DFGNN_GAT_NO_ATOMICS 0
 #endif
@@ -406,10 +414,12 @@ struct Params {
   float* ds; float* pd;                // per edge [E, H] (CSR order), stored mode
                                        // (bf16 inputs: one array of bf16 pairs: kPackedEdges)
   float* delta;                        // Delta_i the row pass used [N, H] (recompute, alpha modes)
-  // GAT's atomic mode (kColAtomic): per (destination row, head) [N_dst, H, 4]
-  // fp32 sums over the row's edges (the exact Delta, d_dst's terms, the alpha
-  // factor of its correction: one 16-byte atomic per edge) and D_i = <dO_i,
-  // O_i>, later eps_i; and d_src before its correction [N_src, H]
+  // GAT's atomic mode (kColAtomic): per (destination row, head) [N_dst, H,
+  // kGatAcc] fp32: the sums over the row's edges (the exact Delta, d_dst's
+  // terms, the alpha factor of its correction: one 16-byte atomic per edge)
+  // and D_i = <dO_i, O_i>, later eps_i; then the row's statistics for the
+  // column pass's edges, one 16-byte load (GatRowStats); and d_src before its
+  // correction [N_src, H]
   float *gat_acc, *d_src_f;
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
   // AGNN (or null): per (launch column, work item, head) [tiles, num_items, H]
@@ -1598,9 +1608,18 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
         continue;
       }
       const int64_t ih = (int64_t)i[t] * H + h;
+      if constexpr (ATOMIC) {   // (no edge features in this mode: bwd_impl)
+        const float4 st = ok ? reinterpret_cast<const float4*>(p.gat_acc)[ih * 2 + 1]
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+        m[t] = st.x;
+        ll[t] = st.y;
+        z[t] = ok ? a_src + st.z : 0.f;
+        dl[t] = st.w;
+        continue;
+      }
       m[t] = ok ? p.lse_in[ih] : 0.f;
       ll[t] = ok ? p.lse_l_in[ih] : 0.f;
-      dl[t] = (ok && !EMIT) ? (ATOMIC ? p.gat_acc[ih * 4 + 3] : p.delta[ih]) : 0.f;
+      dl[t] = (ok && !EMIT) ? p.delta[ih] : 0.f;
       z[t] = 0.f;
       if constexpr (KIND == GAT) {
         if (ok) {
@@ -1721,7 +1740,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
             const float d1 = dleaky(z[t], p.slope) - 1.f;
             const bool dom = ll[t] < kDominated;
             const float4 v = make_float4(dom ? pdv * dp[t] : 0.f, gv - dS, alpha * d1, 0.f);
-            float* a = p.gat_acc + ((int64_t)i[t] * H + h) * 4;
+            float* a = p.gat_acc + ((int64_t)i[t] * H + h) * kGatAcc;
 #if !DFGNN_GAT_NO_ATOMICS   // (a timing diagnostic only: wrong gradients)
             if (dom || d1 != 0.f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1905,10 +1924,11 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
   for (int64_t q = hl.first(begin, end); q < end; q += hl.P) {
     if constexpr (FIX) {
       const int64_t ih = (int64_t)p.t_col[q] * H + h;
-      const float eps = p.gat_acc[ih * 4 + 3];
+      const float eps = p.gat_acc[ih * kGatAcc + 3];
       if (eps == 0.f) continue;   // (a row that is not dominated)
-      const float z = a_src + to_f(p.dst[ih]);
-      const float alpha = expf((leaky(z, p.slope) - p.lse_in[ih]) - p.lse_l_in[ih]);
+      const float4 st = reinterpret_cast<const float4*>(p.gat_acc)[ih * 2 + 1];
+      const float z = a_src + st.z;
+      const float alpha = expf((leaky(z, p.slope) - st.x) - st.y);
       acc += alpha * dleaky(z, p.slope) * eps;
     } else {
       acc += p.ds[(int64_t)p.t_perm[q] * H + h];
@@ -1948,14 +1968,17 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
 // output in the caller's width C (the padding columns of O are zero): sub is
 // GAT's or GATv2's output bias (row stride 0), the Transformer's skip
 // projection x W_s^T + b_s, or none; 8 lanes per (row, head).  GAT's atomic
-// mode takes it as the 4th of the row's sums {0, 0, 0, D_i} (acc), whose other
-// three the column pass then accumulates (so they need no memset); a layer op
-// as the row pass's Delta (delta: Params::delta_in, row_delta).
+// mode takes it as the 4th of the row's sums {0, 0, 0, D_i} (acc, kGatAcc
+// floats per (row, head)), whose other three the column pass then accumulates
+// (so they need no memset), with the row's statistics {m_i, log l_i, a_dst_i,
+// D_i} after them (lse: the forward's [2, NH] m and log l; a_dst: the
+// destination logits [NH]); a layer op as the row pass's Delta (delta:
+// Params::delta_in, row_delta).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) row_delta_kernel(
     int64_t NH, int64_t H, int64_t C, const T* dout, int64_t sd0, int64_t sd1, const T* out,
-    int64_t so0, int64_t so1, const T* sub, int64_t ss0, int64_t ss1, float4* acc,
-    float* delta) {
+    int64_t so0, int64_t so1, const T* sub, int64_t ss0, int64_t ss1, const float* lse,
+    const T* a_dst, float4* acc, float* delta) {
   constexpr int L = 8;
   const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / L;
   const int lane = threadIdx.x & (L - 1);
@@ -1974,8 +1997,12 @@ __global__ void __launch_bounds__(kThreads) row_delta_kernel(
 #pragma unroll
   for (int k = L / 2; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k, L);
   if (r < NH && lane == 0) {
-    if (acc) acc[r] = make_float4(0.f, 0.f, 0.f, s);
-    else delta[r] = s;
+    if (acc) {
+      acc[2 * r] = make_float4(0.f, 0.f, 0.f, s);
+      acc[2 * r + 1] = make_float4(lse[r], lse[NH + r], to_f(a_dst[r]), s);
+    } else {
+      delta[r] = s;
+    }
   }
 }
 
@@ -1985,11 +2012,12 @@ __global__ void __launch_bounds__(kThreads) row_delta_kernel(
 template <typename T>
 void launch_row_delta(int64_t NH, int64_t H, int64_t C, const T* dout, int64_t sd0, int64_t sd1,
                       const T* out, int64_t so0, int64_t so1, const T* sub, int64_t ss0,
-                      int64_t ss1, float4* acc, float* delta, cudaStream_t stream) {
+                      int64_t ss1, const float* lse, const T* a_dst, float4* acc, float* delta,
+                      cudaStream_t stream) {
   if (NH == 0) return;
   const int64_t threads = NH * 8;
   row_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      NH, H, C, dout, sd0, sd1, out, so0, so1, sub, ss0, ss1, acc, delta);
+      NH, H, C, dout, sd0, sd1, out, so0, so1, sub, ss0, ss1, lse, a_dst, acc, delta);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1999,9 +2027,9 @@ template <typename T, typename I>
 __global__ void __launch_bounds__(kThreads) bwd_gat_eps_kernel(const Params<T, I> p, int64_t NH) {
   const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= NH) return;
-  const float4 a = reinterpret_cast<const float4*>(p.gat_acc)[r];
+  const float4 a = reinterpret_cast<const float4*>(p.gat_acc)[2 * r];
   const float eps = p.lse_l_in[r] < kDominated ? a.w - a.x : 0.f;
-  p.gat_acc[r * 4 + 3] = eps;
+  p.gat_acc[r * kGatAcc + 3] = eps;
   p.d_dst[r] = from_f<T>(a.y + eps * a.z);
 }
 

@@ -399,16 +399,17 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
                     cudaStream_t stream) {
   const int64_t H = p.H, NH = Nd * H;
   // ---- the rows' sums (16-byte aligned), set to {0, 0, 0, D_i} with D_i =
-  // <dO_i, O_i>, O = out - bias (the stored output in the caller's width)
-  at::Tensor acc = at::empty({std::max<int64_t>(Nd, 1), H, 4}, fo);
+  // <dO_i, O_i>, O = out - bias (the stored output in the caller's width), and
+  // the rows' statistics {m_i, log l_i, a_dst_i, D_i} for the column pass (kGatAcc)
+  at::Tensor acc = at::empty({std::max<int64_t>(Nd, 1), H, kGatAcc}, fo);
   p.gat_acc = acc.data_ptr<float>();
   const at::Tensor out = bi.out.stride(2) == 1 ? bi.out : bi.out.contiguous();
   const at::Tensor dout = bi.grad_out.stride(2) == 1 ? bi.grad_out : bi.grad_out.contiguous();
   const at::Tensor bias = fa.att.defined() ? fa.att.reshape({H, -1}).contiguous() : at::Tensor();
   launch_row_delta<T>(NH, H, out.size(2), cptr<T>(dout), dout.stride(0), dout.stride(1),
                       cptr<T>(out), out.stride(0), out.stride(1), cptr<T>(bias), 0,
-                      bias.defined() ? bias.size(1) : 0, reinterpret_cast<float4*>(p.gat_acc),
-                      nullptr, stream);
+                      bias.defined() ? bias.size(1) : 0, p.lse_in, p.dst,
+                      reinterpret_cast<float4*>(p.gat_acc), nullptr, stream);
   // d_src before its correction, fp32 (fp32 inputs: d_src itself)
   at::Tensor dsf;
   if constexpr (std::is_same<T, float>::value) {
