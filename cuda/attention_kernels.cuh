@@ -271,7 +271,9 @@ template <int KIND, typename T, int MODE, int VEC> constexpr int kColBlocks =
     MODE == kColEmitDP ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 2) :
     // (the atomic mode waits on its scattered scalar loads and atomics: 4 blocks,
     // 64 registers and 12-180 B of spills, were faster than 3 blocks without
-    // spills, and fp32 at 2 blocks took 1.3x the time of 3; H200, session 26)
+    // spills, and fp32 at 2 blocks took 1.3x the time of 3; H200, session 26;
+    // with the rows' statistics in one load (kGatAcc) 3 blocks, 73-80 registers
+    // and 0-44 B, took 1.01x (fp32) / 1.07x (bf16) of 4's time: H200, session 43)
     MODE == kColAtomic ? blocks_for(sizeof(T) == 2, DFGNN_EMIT_BLOCKS, 4, DFGNN_EMIT_BLOCKS, 4)
                        // (half precision: the recomputing and alpha passes, which
                        // hold the row pass's operands, at 2 (at 3 the alpha pass

@@ -418,6 +418,10 @@ def _prebuilt_problem(info: dict) -> Optional[str]:
                 f"to include {cap[0]}.{cap[1]} when building")
     if sources() and info.get("source_hash") != _source_hash():
         return f"the CUDA sources in {CUDA_DIR} changed since it was built"
+    extra = os.environ.get("PYG_DFGNN_NVCC_EXTRA", "").split()
+    if extra:   # (a prebuilt library is built without them: setup.py)
+        return (f"PYG_DFGNN_NVCC_EXTRA asks for compiler flags {' '.join(extra)!r} "
+                "it was not built with")
     return None
 
 

@@ -66,6 +66,7 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setenv("PYG_DFGNN_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("PYG_DFGNN_PREBUILT", raising=False)
+    monkeypatch.delenv("PYG_DFGNN_NVCC_EXTRA", raising=False)
     monkeypatch.setattr(_build, "_cuda", _build._Once())   # (a fresh process's loader)
     monkeypatch.setattr(_build, "_origin", None)
     loaded = []
@@ -106,6 +107,19 @@ def test_mismatched_prebuilt_falls_back_to_jit(fake_gpu, over, reason):
             _build.load()
     assert reason in str(rec[0].message) and str(so) in str(rec[0].message)
     assert loaded == []
+
+
+def test_prebuilt_is_not_used_with_extra_compiler_flags(fake_gpu, monkeypatch):
+    """A developer's PYG_DFGNN_NVCC_EXTRA (e.g. a kernel_ab.py A/B of a tuning
+    macro) builds just in time: the prebuilt library, built without those
+    flags, would silently measure the default build instead."""
+    so, loaded, write_info = fake_gpu
+    write_info()
+    monkeypatch.setenv("PYG_DFGNN_NVCC_EXTRA", "-DDFGNN_EMIT_BLOCKS=3")
+    with pytest.warns(RuntimeWarning, match="-DDFGNN_EMIT_BLOCKS=3") as rec:
+        with pytest.raises(_build.BuildError, match="JIT build attempted"):
+            _build.load()
+    assert "PYG_DFGNN_NVCC_EXTRA" in str(rec[0].message) and loaded == []
 
 
 def test_mismatched_prebuilt_without_sources_raises(fake_gpu, monkeypatch):
