@@ -18,7 +18,8 @@ package (``pyg_dfgnn/_C*.so`` + ``_C_build.json``, see ``setup.py``).
 CUDA version, C++ ABI), covers the GPU's architecture and, where the sources
 are present, was built from them; otherwise it says why and builds just in
 time (or, without sources, raises :class:`BuildError` naming the cause).
-``PYG_DFGNN_PREBUILT=0`` ignores the prebuilt library.
+``PYG_DFGNN_PREBUILT=0`` ignores the prebuilt library, as does a non-empty
+``PYG_DFGNN_NVCC_EXTRA`` (developer tuning flags, which it was built without).
 
 The first float32/bfloat16 call on CPU tensors compiles
 ``cpu/attention_cpu.cpp`` with the host C++ compiler only (no nvcc; ``-O3
