@@ -420,7 +420,7 @@ struct Params {
   // kGatAcc] fp32: the sums over the row's edges (the exact Delta, d_dst's
   // terms, the alpha factor of its correction: one 16-byte atomic per edge)
   // and D_i = <dO_i, O_i>, later eps_i; then the row's statistics for the
-  // column pass's edges, one 16-byte load (GatRowStats); and d_src before its
+  // column pass's edges, one 16-byte load (kGatAcc); and d_src before its
   // correction [N_src, H]
   float *gat_acc, *d_src_f;
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
