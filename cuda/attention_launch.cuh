@@ -231,6 +231,13 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
   p.ld_dst = ld(fa.dst);
   p.ld_src = ld(fa.src);
   p.ld_val = kind == GATV2 ? p.ld_src : ld(fa.val);
+  // head strides of k / v: F, or 0 for dot attention's keys / values broadcast
+  // over the heads (dfgnn_ops.cpp: row_strided)
+  auto hs = [&](const at::Tensor& t) {
+    return t.defined() && t.dim() == 3 && t.size(1) > 1 ? t.stride(1) : p.F;
+  };
+  p.hs_src = dot_like(kind) ? hs(fa.src) : p.F;
+  p.hs_val = dot_like(kind) ? hs(fa.val) : p.F;
   p.scale = (float)fa.scale; p.slope = (float)fa.slope; p.drop_p = (float)fa.drop_p;
   p.seed = (uint64_t)fa.seed;
   return p;

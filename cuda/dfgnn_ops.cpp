@@ -47,20 +47,25 @@ at::Tensor opt(const optional<at::Tensor>& t) { return t.has_value() ? *t : at::
 // Dot attention's [N, H, F] inputs q / k / v may be row-strided: each row's
 // H x F features contiguous, rows further apart (column blocks of one projection
 // GEMM's output: a Transformer layer's q | k | v); the kernels take the row
-// stride (Params::ld_*).
-bool row_strided(const at::Tensor& t) {
-  return t.dim() == 3 && (t.size(2) <= 1 || t.stride(2) == 1) &&
-         (t.size(1) <= 1 || t.stride(1) == t.size(2)) && t.stride(0) >= t.size(1) * t.size(2);
+// stride (Params::ld_*).  Keys and values (`shared_heads`) may also be one
+// row of F features that every head reads (head stride 0: x broadcast over
+// the heads, a Transformer layer that aggregates x and projects after the
+// attention; Params::hs_*).
+bool row_strided(const at::Tensor& t, bool shared_heads = false) {
+  if (t.dim() != 3 || (t.size(2) > 1 && t.stride(2) != 1)) return false;
+  if (shared_heads && t.size(1) > 1 && t.stride(1) == 0) return t.stride(0) >= t.size(2);
+  return (t.size(1) <= 1 || t.stride(1) == t.size(2)) && t.stride(0) >= t.size(1) * t.size(2);
 }
 
-void check_cuda(const at::Tensor& t, const char* name, const at::Device& dev,
-                bool rows_ok = false) {
+// rows: 0 contiguous, 1 row-strided, 2 row-strided or heads shared (row_strided)
+void check_cuda(const at::Tensor& t, const char* name, const at::Device& dev, int rows = 0) {
   if (!t.defined()) return;
   TORCH_CHECK(t.device() == dev, "pyg_dfgnn: '", name, "' is on ", t.device(), ", expected ",
               dev);
-  TORCH_CHECK(t.is_contiguous() || (rows_ok && row_strided(t)), "pyg_dfgnn: '", name,
-              rows_ok ? "' must be contiguous or row-strided (each row's features contiguous)"
-                      : "' must be contiguous");
+  TORCH_CHECK(t.is_contiguous() || (rows > 0 && row_strided(t, rows > 1)), "pyg_dfgnn: '",
+              name,
+              rows > 0 ? "' must be contiguous or row-strided (each row's features contiguous)"
+                       : "' must be contiguous");
 }
 
 void check_index(const at::Tensor& t, const char* name, at::ScalarType it) {
@@ -110,7 +115,7 @@ FeatArgs feat_args(int64_t kind, const at::Tensor& dst, const at::Tensor& src,
     TORCH_CHECK(t->scalar_type() == dt, "pyg_dfgnn: all features must share one dtype");
     // (dot attention's q / k / v may be row-strided: Params::ld_* in the kernels)
     check_cuda(*t, "features", src.device(),
-               kind == 2 && (t == &f.dst || t == &f.src || t == &f.val));
+               kind != 2 ? 0 : (t == &f.src || t == &f.val) ? 2 : t == &f.dst ? 1 : 0);
   }
   if (kind == 2 && f.att.defined()) f.att = f.att.contiguous();   // (scalar loads)
   return f;

@@ -159,17 +159,26 @@ def _dense(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-def _rows(t: Optional[Tensor]) -> Optional[Tensor]:
+def _rows(t: Optional[Tensor], shared_heads: bool = False) -> Optional[Tensor]:
     """``t`` itself where its rows are row-strided ``[N, H, F]`` blocks (each
     row's features contiguous, what the CUDA dot-attention kernels read with a
-    row stride), else ``t.contiguous()``."""
+    row stride) or, for keys and values (``shared_heads``), one row of ``F``
+    features that every head reads (``x[:, None].expand(N, H, F)``: head
+    stride 0), else ``t.contiguous()``."""
     if t is None or t.is_contiguous():
         return t
-    if (t.dim() == 3 and (t.size(2) <= 1 or t.stride(2) == 1)
-            and (t.size(1) <= 1 or t.stride(1) == t.size(2))
-            and t.stride(0) >= t.size(1) * t.size(2)):
-        return t
+    if t.dim() == 3 and (t.size(2) <= 1 or t.stride(2) == 1):
+        if shared_heads and t.size(1) > 1 and t.stride(1) == 0:
+            if t.stride(0) >= t.size(2):
+                return t
+        elif (t.size(1) <= 1 or t.stride(1) == t.size(2)) and t.stride(0) >= t.size(1) * t.size(2):
+            return t
     return t.contiguous()
+
+
+def _shared_rows(t: Optional[Tensor]) -> Optional[Tensor]:
+    """:func:`_rows` for keys and values (heads may share one row)."""
+    return _rows(t, True)
 
 
 def _with_residual(out: Tensor, residual: Optional[Tensor]) -> Tensor:
@@ -197,10 +206,12 @@ def _run(kind: int, graph: CSRGraph, dst_feat: Tensor, src_feat: Tensor,
     plan = fused.plan_of(graph, kind, src_feat, value)
     # the CUDA kernels take dot attention's q / k / v row-strided (column blocks
     # of one projection GEMM: nn/_glue.py, fused_projections)
-    rows = _rows if (kind == DOT and graph.device.type == "cuda") else _dense
-    src_r = rows(src_feat)
+    cuda_dot = kind == DOT and graph.device.type == "cuda"
+    rows = _rows if cuda_dot else _dense
+    kv_rows = _shared_rows if cuda_dot else _dense
+    src_r = kv_rows(src_feat)
     # keys that are the values stay one tensor: the kernels gather it once per edge
-    value_r = src_r if value is src_feat else rows(value)
+    value_r = src_r if value is src_feat else kv_rows(value)
     if residual is not None and _fold_residual(graph, residual, dst_feat, src_feat, value, edge):
         # (dot attention on an eager CUDA call without autograd: the kernel adds it)
         out, _lse, alpha = fused.attention_residual_on(
@@ -346,7 +357,9 @@ def dot_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     ``scale`` defaults to :math:`1/\sqrt{F}`.  On CUDA, ``q``, ``k`` and ``v``
     may be row-strided (each row's ``H x F`` features contiguous, rows further
     apart: column blocks of one projection GEMM's output), which the kernels
-    read as they are; other layouts are copied.
+    read as they are, and ``k`` and ``v`` may be one row per node that every
+    head reads (``x[:, None].expand(N, H, F)``, head stride 0: each gathered
+    row then serves all heads); other layouts are copied.
 
     ``key_scale [N_src, H]`` (optional, not with ``edge``) scales every key:
     the scores are :math:`\mathrm{scale}\,\langle q_i, c_j k_j\rangle`; gradients
