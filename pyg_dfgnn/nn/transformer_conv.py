@@ -3,6 +3,7 @@ dot-product attention kernel."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Optional, Tuple, Union
 
 import torch
@@ -37,6 +38,119 @@ LAYER_OP = [True]
 #: PATTERN batches, H100, session 18); without autograd they keep the four
 #: projections (the one GEMM measured 1.07-1.13x there).
 _FUSED_PROJECTION_DEVICES = ("cuda",)
+
+#: the aggregate-then-project forward (:func:`_aggregate_then_project`) for
+#: calls that record no gradient: ``"auto"`` takes it on GPU-bound CUDA calls
+#: whose input rows are no wider than one head (``in_channels <= out_channels``,
+#: rows a 16-byte multiple), where it gathers fewer bytes per edge for the same
+#: arithmetic; ``"on"`` wherever it can compute the call (any size, the CPU too:
+#: the tests); ``"off"`` never.  The environment variable
+#: ``PYG_DFGNN_FACTORIZE`` sets it at import (A/B runs of the bench).
+FACTORIZE = [os.environ.get("PYG_DFGNN_FACTORIZE", "auto")]
+if FACTORIZE[0] not in ("auto", "on", "off"):
+    raise ValueError(f"PYG_DFGNN_FACTORIZE must be 'auto', 'on' or 'off', got {FACTORIZE[0]!r}")
+
+
+def _empty_rows(g) -> Optional[Tensor]:
+    """The destination rows of ``g`` without edges (a long index, ``None`` when
+    there are none), found once per graph (one host synchronisation) and kept
+    in its plan cache."""
+    key = "transformer_empty_rows"
+    if key not in g.plans:
+        idx = (g.rowptr[1:] == g.rowptr[:-1]).nonzero().view(-1)
+        g.plans[key] = idx if idx.numel() else None
+    return g.plans[key]
+
+
+def _folded_weights(lins, heads: int, chans: int, dtype: torch.dtype):
+    r"""``(M, c, b)`` of :func:`_aggregate_then_project` from q / k / v's and
+    the skip map's ``(weight, bias)``: ``M [H in, in]`` stacks the heads'
+    :math:`(W_k^h)^\top W_q^h`, ``c [H in]`` their :math:`(W_k^h)^\top b_q^h`
+    (``None`` without a query bias), both formed in fp32 and rounded once to
+    ``dtype``; ``b`` is the output's bias, the skip's plus the value's
+    (``None`` where neither has one)."""
+    (wq, bq), (wk, _bk), (_wv, bv), (_ws, bs) = lins
+    H, C, D = heads, chans, wq.size(1)
+    wk_t = wk.view(H, C, D).transpose(1, 2).float()                      # [H, D, C]
+    m = torch.bmm(wk_t, wq.view(H, C, D).float()).to(dtype).view(H * D, D)
+    c = None if bq is None else torch.bmm(wk_t, bq.view(H, C, 1).float()).to(dtype).view(H * D)
+    bias = bs if bv is None else (bv if bs is None else bs + bv)
+    return m, c, bias
+
+
+def _aggregate_then_project(g, x: Tensor, lins, heads: int, chans: int, scale: float,
+                            folded=None) -> Tensor:
+    r"""The Transformer layer's output without the key and value projections
+    in the attention: with :math:`q_i^h = W_q^h x_i + b_q^h`,
+
+    .. math::
+        \langle q_i^h, W_k^h x_j + b_k^h\rangle = \langle \tilde q_i^h, x_j\rangle
+        + \langle q_i^h, b_k^h\rangle, \quad
+        \tilde q_i^h = (W_k^h)^\top W_q^h x_i + (W_k^h)^\top b_q^h,
+
+    and the second term is the same for every edge of row ``i``, which the
+    softmax does not see.  Since the weights :math:`\alpha_{ij}^h` of a row
+    sum to 1 (0 without edges; no dropout here),
+
+    .. math::
+        \sum_j \alpha_{ij}^h (W_v^h x_j + b_v^h)
+        = W_v^h z_i^h + [\deg i > 0]\, b_v^h, \quad
+        z_i^h = \sum_j \alpha_{ij}^h x_j.
+
+    So the attention runs on :math:`\tilde q` ``[N, H, in]`` with the keys and
+    the values both ``x`` itself, broadcast over the heads (head stride 0: one
+    gathered row of ``in`` features per edge serves every head, instead of a key
+    and a value row of ``H x C`` each), and one batched GEMM projects ``z``
+    into the output, adding to the skip projection's GEMM output in place.  The
+    scores and outputs are PyG's up to rounding (the products
+    :math:`(W_k^h)^\top W_q^h` are formed in fp32 and rounded once to ``x``'s
+    dtype).  ``lins``: ``(weight, bias)`` of q / k / v and of the skip map
+    (``(None, None)`` without root weight), as :meth:`TransformerConv._layer_op`
+    reads them; ``folded``: :func:`_folded_weights` of them, if at hand."""
+    _q, _k, (wv, bv), (ws, _bs) = lins
+    N, D = x.shape
+    H, C = heads, chans
+    m, c, bias = folded if folded is not None else _folded_weights(lins, H, C, x.dtype)
+    qt = torch.addmm(c, x, m.t()) if c is not None else torch.mm(x, m.t())
+    # (the skip GEMM before the attention: two GEMMs of GPU work queued while
+    # the host prepares the attention's launch, which took longer than one
+    # GEMM in half precision)
+    if ws is not None:
+        out = torch.addmm(bias, x, ws.t()) if bias is not None else torch.mm(x, ws.t())
+    elif bias is not None:
+        out = bias.expand(N, H * C).contiguous()
+    else:
+        out = x.new_zeros(N, H * C)
+    if bv is not None and N:
+        empty = _empty_rows(g)
+        if empty is not None:   # (rows without edges: no value bias)
+            out.index_add_(0, empty, bv.expand(empty.numel(), H * C), alpha=-1)
+    xs = x.unsqueeze(1).expand(N, H, D)
+    # (the keys are the values: with a key scale of ones the kernels load each
+    # gathered row once per edge and head, not once as a key and once as a value)
+    ones = _ones(g, H, x) if _SHARED_KV_ONE_LOAD[0] else None
+    z, _ = dot_attention(g, qt.view(N, H, D), xs, xs, scale=scale, key_scale=ones)  # [N, H, D]
+    # out[:, h] += z[:, h] W_v^h^T, one strided batched GEMM over the heads
+    out.view(N, H, C).transpose(0, 1).baddbmm_(z.transpose(0, 1),
+                                               wv.view(H, C, D).transpose(1, 2))
+    return out
+
+
+#: whether :func:`_aggregate_then_project` passes a key scale of ones, so that
+#: the CUDA kernels that gather each row once per edge (AGNN's: keys that are
+#: the values) run (the attention kernel 0.95x the time of the dot kernels'
+#: two loads in fp32, unchanged in bf16: 4 x 64 on the 100k graphs, H200,
+#: docs/KERNELS.md, session 44)
+_SHARED_KV_ONE_LOAD = [True]
+
+
+def _ones(g, heads: int, x: Tensor) -> Tensor:
+    """``[N_src, heads]`` ones in ``x``'s dtype, kept in the graph's plan cache."""
+    key = ("transformer_ones", heads, x.dtype)
+    t = g.plans.get(key)
+    if t is None:
+        t = g.plans[key] = torch.ones(g.num_src, heads, dtype=x.dtype, device=x.device)
+    return t
 
 
 class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
@@ -132,6 +246,60 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
                                     _use(x, x.size(0), 3 * H * width),
                                     not gpu_bound(x.size(0), H, C))
 
+    def _factorized(self, x: Tensor, edge_index: Adj) -> Optional[Tensor]:
+        """The call's output by :func:`_aggregate_then_project`, or ``None``
+        where :data:`FACTORIZE` does not take it.
+
+        It applies to a call that records no gradient (inference, validation)
+        on one node set: ``x [N, in]`` in fp32 / bf16 / fp16 with every
+        parameter in its dtype and on its device, no attention dropout (eval
+        mode or ``dropout=0``), no autocast, concatenated heads, no ``beta``,
+        no edge features, plain linear maps (no hooks) and an ``edge_index``
+        tensor; in ``"auto"`` mode only on GPU-bound CUDA calls with
+        ``in_channels <= out_channels`` and 16-byte input rows (e.g. 4 x 64
+        on 64 input features: 256 bytes of ``x`` per edge instead of 2 KiB of
+        keys and values in fp32)."""
+        mode = FACTORIZE[0]
+        # (not with autograd: through this composition a forward+backward took
+        # 1.8-1.9x the one-op path's time and 1.47x its memory, 4 x 64 fp32 on
+        # the 100k graphs, H200: docs/KERNELS.md, session 44)
+        if mode == "off" or torch.is_grad_enabled() or self._fused_dropout > 0.0:
+            return None
+        if not (x.dim() == 2 and (x.is_cuda or (mode == "on" and x.is_cpu))
+                and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+                and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
+                and not torch.compiler.is_compiling()
+                and not torch.is_autocast_enabled(x.device.type)):
+            return None
+        member = self._member
+        if not (self.concat and member("lin_beta") is None and member("lin_edge") is None):
+            return None
+        H, C = self.heads, self.out_channels
+        N, D = x.shape
+        if mode == "auto" and not (x.is_cuda and D <= C and (D * x.element_size()) % 16 == 0
+                                   and gpu_bound(N, H, C)):
+            return None
+        maps = (member("lin_query"), member("lin_key"), member("lin_value"))
+        lins = self._layer_op_maps(maps + ((member("lin_skip"),) if self.root_weight else ()),
+                                   H * C, x)
+        if lins is None:
+            return None
+        if len(lins) == 3:   # (no root weight)
+            lins.append((None, None))
+        g = self._layer_op_graph(x, edge_index, False)
+        if g is None:
+            return None
+        # (M, c and the summed bias kept while the parameters are unchanged:
+        # the same tensors at the same versions; eval calls reuse them)
+        key = tuple((t, t._version) for wb in lins for t in wb if t is not None) + (x.dtype,)
+        cache = self.__dict__.get("_fused_folded")
+        if cache is None or len(cache[0]) != len(key) or not all(
+                a[0] is b[0] and a[1] == b[1] for a, b in zip(cache[0][:-1], key[:-1])) \
+                or cache[0][-1] != key[-1]:
+            cache = self.__dict__["_fused_folded"] = (key, _folded_weights(lins, H, C, x.dtype))
+        return _aggregate_then_project(g, x.contiguous(), lins, H, C, 1.0 / math.sqrt(C),
+                                       cache[1])
+
     def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
                        edge_attr: OptTensor) -> Optional[Tensor]:
         """PyG's ``forward`` with the fused attention in place of
@@ -150,7 +318,9 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         if self._fused_fallback_reason(xs[0], xs[1]) is not None:
             return None
         if isinstance(x, Tensor) and edge_attr is None:
-            out = self._layer_op(x, edge_index)
+            out = self._factorized(x, edge_index)
+            if out is None:
+                out = self._layer_op(x, edge_index)
             if out is not None:
                 return out
         width = kernel_width(C, xs[0], H, DOT, pad_small=True)

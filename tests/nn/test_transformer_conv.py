@@ -123,6 +123,9 @@ def test_inference_adds_the_root_weight_in_the_kernel(dtype, heads, chans, nodes
     test_layer_op_equals_the_path_of_several_ops.)"""
     from pyg_dfgnn.nn import transformer_conv
     monkeypatch.setattr(transformer_conv, "LAYER_OP", [False])
+    # (the residual in the kernel, not the aggregate-then-project forward,
+    # which 4 x 64 on 32 input features would take: test_aggregate_then_project_*)
+    monkeypatch.setattr(transformer_conv, "FACTORIZE", ["off"])
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
@@ -332,3 +335,109 @@ def test_layer_op_only_where_it_applies():
         assert node not in layer_op_node(other(x, ei, *args)), kw
     assert node not in layer_op_node(conv((x, x), ei))
     check_layer_op_guards(conv, x, ei, node, conv.lin_key)
+
+
+# ------------------------------------------------------- aggregate, then project
+FACTORIZED_CASES = [
+    pytest.param(dict(in_channels=16, out_channels=16, heads=4), id="4x16"),
+    pytest.param(dict(in_channels=16, out_channels=16, heads=1, root_weight=False), id="1x16-noroot"),
+    pytest.param(dict(in_channels=8, out_channels=8, heads=3, bias=False), id="3x8-nobias"),
+    pytest.param(dict(in_channels=16, out_channels=10, heads=8), id="8x10-wider-in"),
+    pytest.param(dict(in_channels=8, out_channels=19, heads=2, root_weight=False, bias=False),
+                 id="2x19-noroot-nobias"),
+]
+
+
+def check_aggregate_then_project(kw, device, dtype, nodes, mode, monkeypatch, big=False):
+    """The aggregate-then-project forward (``transformer_conv.FACTORIZE``) of
+    an eval call without autograd, on a graph with destination rows that have
+    no edges (they get no value bias), against PyG's layer in float64 with the
+    same weights: within 2x the error of PyG's layer in ``dtype`` + 4
+    roundings of ``dtype`` on the output's scale.  Weights of scale 1 (not
+    PyG's initialisation) make the scores of order ten: softmaxes far from
+    uniform, so a wrong score, bias or head would show."""
+    from pyg_dfgnn.nn import transformer_conv as tc
+    from ._equiv import record_results
+    monkeypatch.setattr(tc, "FACTORIZE", [mode])
+    calls = record_results(monkeypatch, tc, "_aggregate_then_project")
+    gen = torch.Generator().manual_seed(nodes + kw["heads"] * kw["out_channels"])
+    ei = random_edge_index(nodes, nodes, 8 * nodes, seed=nodes)
+    ei = ei[:, ei[1] % 7 != 3].to(device)     # every 7th destination without edges
+    ref = pyg_nn.TransformerConv(**kw).double()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
+    state = {k: v.to(dtype) for k, v in ref.state_dict().items()}
+    ref.load_state_dict({k: v.double() for k, v in state.items()})   # (the rounded weights)
+    low = pyg_nn.TransformerConv(**kw).to(device, dtype).eval()
+    ours = TransformerConv(**kw).to(device, dtype).eval()
+    low.load_state_dict(state)
+    ours.load_state_dict(state)
+    x = torch.randn(nodes, kw["in_channels"], generator=gen).to(dtype)
+    ref = ref.to(device).eval()
+    u = torch.finfo(dtype).eps
+    for step in range(2):
+        if step:   # weights changed in place: the folded weights are formed again
+            with torch.no_grad():
+                for m in (ref, low, ours):
+                    m.lin_query.weight.mul_(-2)
+        with torch.no_grad():
+            want = ref(x.double().to(device), ei)
+            base = low(x.to(device), ei)
+            got = ours(x.to(device), ei)
+        assert len(calls) == step + 1, "the aggregate-then-project forward did not run"
+        assert got.shape == want.shape and got.dtype == dtype
+        err = float((got.double() - want).abs().max())
+        err_pyg = float((base.double() - want).abs().max())
+        assert err <= 2 * err_pyg + 4 * u * float(want.abs().max()), (step, err, err_pyg)
+    # autograd, training with dropout, or auto mode on a small call: not taken
+    calls.clear()
+    ours(x.to(device), ei)
+    ours.dropout = 0.3
+    with torch.no_grad():
+        ours.train()(x.to(device), ei)
+    assert not calls
+
+
+@pytest.mark.parametrize("kw", FACTORIZED_CASES)
+def test_aggregate_then_project_against_float64_cpu(kw, monkeypatch):
+    """On the CPU (``FACTORIZE = "on"``; auto takes only GPU-bound CUDA calls)."""
+    check_aggregate_then_project(kw, "cpu", torch.float32, 60, "on", monkeypatch)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kw", FACTORIZED_CASES)
+def test_aggregate_then_project_against_float64_cuda(kw, dtype, monkeypatch):
+    """On CUDA, forced (``"on"``), on a small graph: the kernels' shared-head
+    keys and values at each of these shapes (8 x 10 with 16 input features
+    gathers rows wider than a head)."""
+    check_aggregate_then_project(kw, "cuda", dtype, 300, "on", monkeypatch)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("heads,chans,fin", [(4, 64, 64), (1, 256, 64), (2, 128, 32)])
+def test_aggregate_then_project_auto_on_gpu_bound_calls(heads, chans, fin, dtype, monkeypatch):
+    """``"auto"`` takes it on a GPU-bound call whose input rows are no wider
+    than a head (4 x 64 on 64 features: the bench's 4 x 64 shape)."""
+    check_aggregate_then_project(dict(in_channels=fin, out_channels=chans, heads=heads), "cuda",
+                                 dtype, 20000, "auto", monkeypatch)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_aggregate_then_project_auto_only_where_it_pays(monkeypatch):
+    """``"auto"`` leaves host-bound calls and input rows wider than a head to
+    the other paths."""
+    from pyg_dfgnn.nn import transformer_conv as tc
+    from ._equiv import record_results
+    calls = record_results(monkeypatch, tc, "_aggregate_then_project")
+    for nodes, fin, heads, chans in ((600, 64, 4, 64), (20000, 64, 8, 19), (20000, 72, 4, 64)):
+        conv = TransformerConv(fin, chans, heads=heads).cuda().eval()
+        ei = random_edge_index(nodes, nodes, 4 * nodes, device="cuda")
+        with torch.no_grad():
+            conv(torch.randn(nodes, fin, device="cuda"), ei)
+    assert not calls
