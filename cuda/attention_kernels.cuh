@@ -442,11 +442,12 @@ struct Params {
   // features contiguous, rows 16-byte aligned: nn/_glue.py, fused_projections).
   // The other kinds' rows are contiguous; their code does not read these.
   int64_t ld_dst, ld_src, ld_val;
-  // head strides (elements) of dot attention's k / v (src / val): F, or 0 where
-  // every head reads the same row (k and v broadcast over the heads: a
-  // Transformer layer that aggregates x itself and projects after the
-  // attention, nn/transformer_conv.py, _factorized; one gathered row of x per
-  // edge serves all heads).  q's heads are always F apart.
+  // head strides (elements) of dot attention's k / v (src / val) in the
+  // forward passes: F, or 0 where every head reads the same row (k and v
+  // broadcast over the heads: a Transformer layer that aggregates x itself and
+  // projects after the attention, nn/transformer_conv.py, _factorized; one
+  // gathered row of x per edge serves all heads).  q's heads are always F
+  // apart; the backward passes read k / v F apart (load_batch: SHARED).
   int64_t hs_src, hs_val;
 };
 
@@ -793,8 +794,12 @@ __device__ __forceinline__ void value_row(const Params<T, I>& p, const Feat<VEC>
 }
 
 // VALUES = false skips the value rows where the score does not need them
-// (the attention-weight pass).
-template <int KIND, typename T, typename I, int VEC, bool VALUES = true>
+// (the attention-weight pass).  SHARED: the forward passes, which read dot
+// attention's k / v heads Params::hs_* apart (0: one row for all heads); the
+// backward's passes index them F apart (the op gives them copies of shared
+// rows, dfgnn_ops.cpp: attention_bwd_impl), which kept the recomputing
+// passes' registers as they were.
+template <int KIND, typename T, typename I, int VEC, bool VALUES = true, bool SHARED = true>
 __device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC>& ft, int64_t h,
                                            int64_t base, int64_t end, bool need_eo,
                                            Batch<KIND, T, I, VEC>& b) {
@@ -814,10 +819,10 @@ __device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC
       const int64_t j = (int64_t)b.j[t];
       // (AGNN: the value rows are the keys, so they are loaded either way)
       if (ok && (VALUES || KIND == AGNN))
-        load_packed<T, VEC>(ft, p.val + j * p.ld_val + h * p.hs_val, b.v[t]);
+        load_packed<T, VEC>(ft, p.val + j * p.ld_val + h * (SHARED ? p.hs_val : p.F), b.v[t]);
       else zero_packed<T, VEC>(b.v[t]);
       if constexpr (KIND == DOT) {
-        if (ok) load_packed<T, VEC>(ft, p.src + j * p.ld_src + h * p.hs_src, b.k[t]);
+        if (ok) load_packed<T, VEC>(ft, p.src + j * p.ld_src + h * (SHARED ? p.hs_src : p.F), b.k[t]);
         else zero_packed<T, VEC>(b.k[t]);
       }
       // (issued with the rows: loaded after the score's butterfly, the scale's
@@ -832,7 +837,8 @@ __device__ __forceinline__ void load_batch(const Params<T, I>& p, const Feat<VEC
 }
 
 // Scores of the batch (-inf past its end); GAT also keeps the pre-activation z.
-template <int KIND, typename T, typename I, int VEC>
+// (SHARED: as in load_batch)
+template <int KIND, typename T, typename I, int VEC, bool SHARED = true>
 __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group& g,
                                              const Feat<VEC>& ft, int64_t row, int64_t h,
                                              const RowOps<KIND, VEC>& r, Batch<KIND, T, I, VEC>& b) {
@@ -864,7 +870,8 @@ __device__ __forceinline__ void batch_scores(const Params<T, I>& p, const Group&
       const T* e = p.edge ? p.edge + ((int64_t)b.eo[t] * p.H + h) * F : nullptr;
       if constexpr (dot_like(KIND))
         part[t] += pair_part<false, T, VEC>(g, p.dst + row * p.ld_dst + h * F,
-                                            p.src + (int64_t)b.j[t] * p.ld_src + h * p.hs_src, e,
+                                            p.src + (int64_t)b.j[t] * p.ld_src +
+                                                h * (SHARED ? p.hs_src : F), e,
                                             nullptr, F, ft.f0, ft.hi, p.slope);
       else
         part[t] += pair_part<KIND == GATV2, T, VEC>(g, p.dst + (row * p.H + h) * F,
@@ -895,7 +902,7 @@ __device__ __forceinline__ void batch_dP(const Params<T, I>& p, const Group& g, 
     if (ft.wide && t < b.n) {
       const T* e = (dot_like(KIND) && p.edge) ? p.edge + ((int64_t)b.eo[t] * p.H + h) * p.F : nullptr;
       if constexpr (dot_like(KIND))
-        part += pair_part<false, T, VEC>(g, dO_row, p.val + (int64_t)b.j[t] * p.ld_val + h * p.hs_val,
+        part += pair_part<false, T, VEC>(g, dO_row, p.val + (int64_t)b.j[t] * p.ld_val + h * p.F,
                                          e, nullptr, p.F, ft.f0, ft.hi, 0.f);
       else
         part += pair_part<false, T, VEC>(g, dO_row, p.val + ((int64_t)b.j[t] * p.H + h) * p.F, e, nullptr,
@@ -914,8 +921,8 @@ __device__ __forceinline__ void bwd_batch(const Params<T, I>& p, const Group& g,
                                           const RowOps<KIND, VEC>& r,
                                           const float (&dO)[kChunks<VEC>][kW<VEC>], const T* dO_row,
                                           int64_t base, Batch<KIND, T, I, VEC>& b) {
-  load_batch<KIND, T, I, VEC>(p, ft, it.h, base, it.end, p.edge != nullptr, b);
-  batch_scores<KIND, T, I, VEC>(p, g, ft, it.row, it.h, r, b);
+  load_batch<KIND, T, I, VEC, true, false>(p, ft, it.h, base, it.end, p.edge != nullptr, b);
+  batch_scores<KIND, T, I, VEC, false>(p, g, ft, it.row, it.h, r, b);
   batch_dP<KIND, T, I, VEC>(p, g, ft, it.h, dO, dO_row, b);
 }
 
@@ -1557,8 +1564,8 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   const int64_t h = it.h, src = it.row, slot = it.slot, F = p.F, H = p.H;
   const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, F);
   // v_j (DOT), x_j (GAT), x_src_j (GATV2); k_j (DOT), x_src_j (GATV2)
-  const T* v_row = dot_like(KIND) ? p.val + src * p.ld_val + h * p.hs_val : p.val + (src * H + h) * F;
-  const T* k_row = dot_like(KIND) ? p.src + src * p.ld_src + h * p.hs_src : p.src + (src * H + h) * F;
+  const T* v_row = dot_like(KIND) ? p.val + src * p.ld_val + h * F : p.val + (src * H + h) * F;
+  const T* k_row = dot_like(KIND) ? p.src + src * p.ld_src + h * F : p.src + (src * H + h) * F;
 
   float vj[NC][kW<VEC>], kj[dot_like(KIND) ? NC : 1][kW<VEC>], at[KIND == GATV2 ? NC : 1][kW<VEC>];
   // the own row's operands: what the recomputed scores / dP need, and GATv2's

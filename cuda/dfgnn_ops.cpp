@@ -492,6 +492,19 @@ std::vector<at::Tensor> attention_bwd_impl(DFGNN_BWD_PARAMS, bool fold, bool blo
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == 2 && lse.size(1) == rowptr.numel() - 1 &&
                   lse.scalar_type() == at::kFloat,
               "pyg_dfgnn: lse must be float32 [2, num_dst, heads] (row max, log sum)");
+  // keys / values that every head reads as one row (head stride 0): the
+  // backward's passes index each head's own row (attention_kernels.cuh:
+  // load_batch, SHARED), so they get contiguous copies, one for keys that are
+  // the values
+  {
+    auto shared = [](const at::Tensor& t) {
+      return t.defined() && t.dim() == 3 && t.size(1) > 1 && t.stride(1) == 0;
+    };
+    const bool kv = keys_are_values(kind, f);
+    if (shared(f.src)) f.src = f.src.contiguous();
+    if (kv) f.val = f.src;
+    else if (shared(f.val)) f.val = f.val.contiguous();
+  }
   const FeatArgs orig = f;
   at::Tensor unscaled;
   const bool agnn = key_scale_route(kind, f, unscaled);
