@@ -265,6 +265,10 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         # the 100k graphs, H200: docs/KERNELS.md, session 44)
         if mode == "off" or torch.is_grad_enabled() or self._fused_dropout > 0.0:
             return None
+        H, C = self.heads, self.out_channels
+        if mode == "auto" and not (x.dim() == 2 and x.size(1) <= C and x.is_cuda
+                                   and gpu_bound(x.size(0), H, C)):
+            return None   # (first: the host-bound calls it leaves pay least)
         if not (x.dim() == 2 and (x.is_cuda or (mode == "on" and x.is_cpu))
                 and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
                 and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
@@ -274,10 +278,8 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         member = self._member
         if not (self.concat and member("lin_beta") is None and member("lin_edge") is None):
             return None
-        H, C = self.heads, self.out_channels
-        N, D = x.shape
-        if mode == "auto" and not (x.is_cuda and D <= C and (D * x.element_size()) % 16 == 0
-                                   and gpu_bound(N, H, C)):
+        D = x.size(1)
+        if mode == "auto" and (D * x.element_size()) % 16:
             return None
         maps = (member("lin_query"), member("lin_key"), member("lin_value"))
         lins = self._layer_op_maps(maps + ((member("lin_skip"),) if self.root_weight else ()),
