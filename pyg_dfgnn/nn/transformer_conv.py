@@ -11,6 +11,7 @@ from torch import Tensor
 from torch_geometric.nn.conv.transformer_conv import TransformerConv as _PyGTransformerConv
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
+from .. import graph as graph_module
 from ..ops import DOT, _op_seed, dot_attention
 from ..ops.fused import transformer_layer_on
 from ..schedule import plan_for
@@ -51,6 +52,10 @@ if FACTORIZE[0] not in ("auto", "on", "off"):
     raise ValueError(f"PYG_DFGNN_FACTORIZE must be 'auto', 'on' or 'off', got {FACTORIZE[0]!r}")
 
 
+#: the dtypes it takes (the tests add float64)
+_FACTORIZE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _empty_rows(g) -> Optional[Tensor]:
     """The destination rows of ``g`` without edges (a long index, ``None`` when
     there are none), found once per graph (one host synchronisation) and kept
@@ -66,14 +71,15 @@ def _folded_weights(lins, heads: int, chans: int, dtype: torch.dtype):
     r"""``(M, c, b)`` of :func:`_aggregate_then_project` from q / k / v's and
     the skip map's ``(weight, bias)``: ``M [H in, in]`` stacks the heads'
     :math:`(W_k^h)^\top W_q^h`, ``c [H in]`` their :math:`(W_k^h)^\top b_q^h`
-    (``None`` without a query bias), both formed in fp32 and rounded once to
-    ``dtype``; ``b`` is the output's bias, the skip's plus the value's
+    (``None`` without a query bias), both formed in fp32 (float64 for
+    float64) and rounded once to ``dtype``; ``b`` is the output's bias, the skip's plus the value's
     (``None`` where neither has one)."""
     (wq, bq), (wk, _bk), (_wv, bv), (_ws, bs) = lins
     H, C, D = heads, chans, wq.size(1)
-    wk_t = wk.view(H, C, D).transpose(1, 2).float()                      # [H, D, C]
-    m = torch.bmm(wk_t, wq.view(H, C, D).float()).to(dtype).view(H * D, D)
-    c = None if bq is None else torch.bmm(wk_t, bq.view(H, C, 1).float()).to(dtype).view(H * D)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    wk_t = wk.view(H, C, D).transpose(1, 2).to(acc)                      # [H, D, C]
+    m = torch.bmm(wk_t, wq.view(H, C, D).to(acc)).to(dtype).view(H * D, D)
+    c = None if bq is None else torch.bmm(wk_t, bq.view(H, C, 1).to(acc)).to(dtype).view(H * D)
     bias = bs if bv is None else (bv if bs is None else bs + bv)
     return m, c, bias
 
@@ -270,7 +276,7 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
                                    and gpu_bound(x.size(0), H, C)):
             return None   # (first: the host-bound calls it leaves pay least)
         if not (x.dim() == 2 and (x.is_cuda or (mode == "on" and x.is_cpu))
-                and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+                and x.dtype in _FACTORIZE_DTYPES
                 and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
                 and not torch.compiler.is_compiling()
                 and not torch.is_autocast_enabled(x.device.type)):
@@ -291,16 +297,30 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         g = self._layer_op_graph(x, edge_index, False)
         if g is None:
             return None
-        # (M, c and the summed bias kept while the parameters are unchanged:
-        # the same tensors at the same versions; eval calls reuse them)
-        key = tuple((t, t._version) for wb in lins for t in wb if t is not None) + (x.dtype,)
-        cache = self.__dict__.get("_fused_folded")
-        if cache is None or len(cache[0]) != len(key) or not all(
-                a[0] is b[0] and a[1] == b[1] for a, b in zip(cache[0][:-1], key[:-1])) \
-                or cache[0][-1] != key[-1]:
-            cache = self.__dict__["_fused_folded"] = (key, _folded_weights(lins, H, C, x.dtype))
         return _aggregate_then_project(g, x.contiguous(), lins, H, C, 1.0 / math.sqrt(C),
-                                       cache[1])
+                                       self._folded(lins, H, C, x))
+
+    def _folded(self, lins, heads: int, chans: int, x: Tensor):
+        """:func:`_folded_weights` of this call, kept while the parameters are
+        unchanged: the same tensors, at the same version counters and
+        storage, for ``x``'s dtype and device (eval calls reuse them; forming
+        them on every call made the bf16 forward host-bound: docs/KERNELS.md,
+        session 44).  As the graph cache on CUDA (see :mod:`pyg_dfgnn.graph`),
+        a write through ``.data`` into a weight in place goes unnoticed (a
+        new tensor assigned to ``.data`` does not); :func:`pyg_dfgnn.graph.
+        strict_cache` (or ``PYG_DFGNN_STRICT_CACHE=1``) turns the cache off,
+        and so do parameters without version counters (inference tensors)."""
+        ts = [t for wb in lins for t in wb if t is not None]
+        if graph_module._STRICT[0] or any(t.is_inference() for t in ts):
+            self.__dict__.pop("_fused_folded", None)
+            return _folded_weights(lins, heads, chans, x.dtype)
+        key = [(t, t._version, t.data_ptr()) for t in ts]
+        cache = self.__dict__.get("_fused_folded")
+        if (cache is None or cache[1] != (x.dtype, x.device) or len(cache[0]) != len(key)
+                or not all(a[0] is b[0] and a[1:] == b[1:] for a, b in zip(cache[0], key))):
+            cache = (key, (x.dtype, x.device), _folded_weights(lins, heads, chans, x.dtype))
+            self.__dict__["_fused_folded"] = cache
+        return cache[2]
 
     def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
                        edge_attr: OptTensor) -> Optional[Tensor]:

@@ -441,3 +441,55 @@ def test_aggregate_then_project_auto_only_where_it_pays(monkeypatch):
         with torch.no_grad():
             conv(torch.randn(nodes, fin, device="cuda"), ei)
     assert not calls
+
+
+def test_aggregate_then_project_keeps_folded_weights_while_unchanged(monkeypatch):
+    """The folded weights are formed once for repeated eval calls, again after
+    an in-place change (version counter) or a new tensor assigned to
+    ``.data`` (storage), and on every call under ``strict_cache()`` (a write
+    through ``.data`` in place, which no counter sees) or with inference-mode
+    parameters (no counters).  Every output against PyG's layer with the
+    weights of the moment, in float64 (CPU, ``FACTORIZE = "on"``)."""
+    from pyg_dfgnn import graph as graph_module
+    from pyg_dfgnn.nn import transformer_conv as tc
+    from ._equiv import record_results
+    monkeypatch.setattr(tc, "FACTORIZE", ["on"])
+    folds = record_results(monkeypatch, tc, "_folded_weights")
+    kw = dict(in_channels=8, out_channels=8, heads=2)
+    ei = random_edge_index(40, 40, 200, seed=3)
+    x = torch.randn(40, 8, dtype=torch.float64)
+    ref = pyg_nn.TransformerConv(**kw).double().eval()
+    ours = TransformerConv(**kw).double().eval()
+    ours.load_state_dict(ref.state_dict())
+
+    def check(n_folds):
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x, ei), ref(x, ei), rtol=1e-10, atol=1e-10)
+        assert len(folds) == n_folds, (len(folds), n_folds)
+
+    monkeypatch.setattr(tc, "_FACTORIZE_DTYPES", tc._FACTORIZE_DTYPES + (torch.float64,))
+    check(1)
+    check(1)                                   # (kept)
+    with torch.no_grad():
+        for m in (ref, ours):
+            m.lin_key.weight.mul_(1.5)         # version counter
+    check(2)
+    w = torch.randn_like(ref.lin_query.weight)
+    ref.lin_query.weight.data = w.clone()
+    ours.lin_query.weight.data = w.clone()     # storage
+    check(3)
+    old = graph_module.strict_cache(True)
+    try:
+        for m in (ref, ours):
+            m.lin_value.bias.data.add_(1.0)    # no counter moves: strict mode folds again
+        check(4)
+        check(5)
+    finally:
+        graph_module.strict_cache(old)
+    with torch.inference_mode():
+        inf = TransformerConv(**kw).double().eval()
+        inf.load_state_dict(ref.state_dict())
+        assert inf.lin_query.weight.is_inference()
+        for _ in range(2):
+            torch.testing.assert_close(inf(x, ei), ref(x, ei), rtol=1e-10, atol=1e-10)
+    assert len(folds) == 7
