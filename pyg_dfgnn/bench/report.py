@@ -91,6 +91,10 @@ def environment(device: Any = None) -> Dict[str, Any]:
                             "rev-parse", "--short", "HEAD"]),
         "device": str(device) if device is not None else None,
         "gpu": None, "gpu_capability": None, "gpu_memory_gb": None, "driver": None,
+        # the package's switches set for this run (PYG_DFGNN_FACTORIZE,
+        # _BACKWARD, _ALPHA_MODE, _ORDER, ...): what the fused contender ran
+        "pyg_dfgnn_env": {k: v for k, v in sorted(os.environ.items())
+                          if k.startswith("PYG_DFGNN_")},
     }
     if torch.cuda.is_available() and (device is None or str(device).startswith("cuda")):
         dev = torch.device(device if device is not None else "cuda")
@@ -468,7 +472,8 @@ def summary_blocks(rows: List[Dict[str, Any]]) -> List[tuple]:
 def _env_line(env: Dict[str, Any]) -> str:
     return (f"device: {env.get('gpu') or env.get('device')}  torch {env.get('torch')}"
             f"  cuda {env.get('cuda_runtime')}  PyG {env.get('torch_geometric')}"
-            f"  driver {env.get('driver')}")
+            f"  driver {env.get('driver')}"
+            + "".join(f"  {k}={v}" for k, v in (env.get("pyg_dfgnn_env") or {}).items()))
 
 
 def format_summary(rows: List[Dict[str, Any]], env: Optional[Dict[str, Any]] = None,

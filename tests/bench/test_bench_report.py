@@ -160,3 +160,17 @@ def test_issue_targets_count_cells(tmp_path):
     assert "| gat | 4x64 | fp32 | 12.0 / 6.9\\* / 12.5 | - | - |" in md
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["summary"]["issue_targets"]["met"] == {"fwd": 1, "fwdbwd": 1, "memory": 1}
+
+
+def test_environment_records_the_package_switches(monkeypatch):
+    """The run's PYG_DFGNN_* settings (what the fused contender ran, e.g.
+    PYG_DFGNN_FACTORIZE=off for an A/B) are part of the recorded environment,
+    and nothing else of the process environment is."""
+    monkeypatch.setenv("PYG_DFGNN_FACTORIZE", "off")
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "recompute")
+    monkeypatch.setenv("NOT_PYG_DFGNN_X", "1")
+    env = report.environment("cpu")
+    assert env["pyg_dfgnn_env"]["PYG_DFGNN_FACTORIZE"] == "off"
+    assert env["pyg_dfgnn_env"]["PYG_DFGNN_BACKWARD"] == "recompute"
+    assert all(k.startswith("PYG_DFGNN_") for k in env["pyg_dfgnn_env"])
+    assert "PYG_DFGNN_FACTORIZE=off" in report._env_line(env)   # (the summary's first line)
