@@ -17,7 +17,7 @@ from ..ops.fused import transformer_layer_on
 from ..schedule import plan_for
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
-from ._glue import _use, apply_linear, fused_projections
+from ._glue import _global_hooks, _use, apply_linear, fused_projections
 from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 
 #: whether eager CUDA calls take the one-op layer path
@@ -279,7 +279,8 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
                 and x.dtype in _FACTORIZE_DTYPES
                 and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
                 and not torch.compiler.is_compiling()
-                and not torch.is_autocast_enabled(x.device.type)):
+                and not torch.is_autocast_enabled(x.device.type)
+                and not _global_hooks()):   # (the projections' modules are not called)
             return None
         member = self._member
         if not (self.concat and member("lin_beta") is None and member("lin_edge") is None):

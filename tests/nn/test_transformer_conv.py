@@ -493,3 +493,38 @@ def test_aggregate_then_project_keeps_folded_weights_while_unchanged(monkeypatch
         for _ in range(2):
             torch.testing.assert_close(inf(x, ei), ref(x, ei), rtol=1e-10, atol=1e-10)
     assert len(folds) == 7
+
+
+def test_aggregate_then_project_guards(monkeypatch):
+    """Where the path would skip what PyG's layer does, PyG's ``forward``
+    runs instead (CPU, ``FACTORIZE = "on"``): a forward hook on a projection
+    or a global module hook (which are then called), attention weights
+    requested, a pair of inputs, and a wrong feature width (PyG's own error
+    from the linear map)."""
+    from pyg_dfgnn.nn import transformer_conv as tc
+    from ._equiv import record_results
+    monkeypatch.setattr(tc, "FACTORIZE", ["on"])
+    calls = record_results(monkeypatch, tc, "_aggregate_then_project")
+    conv = TransformerConv(8, 8, heads=2).eval()
+    ei = random_edge_index(30, 30, 120, seed=4)
+    x = torch.randn(30, 8)
+    with torch.no_grad():
+        conv(x, ei)
+        assert len(calls) == 1
+        seen: list = []
+        h = conv.lin_key.register_forward_hook(lambda *a: seen.append(1))
+        conv(x, ei)
+        h.remove()
+        g = torch.nn.modules.module.register_module_forward_hook(lambda *a: seen.append(2))
+        try:
+            conv(x, ei)
+        finally:
+            g.remove()
+        assert 1 in seen and 2 in seen and len(calls) == 1
+        conv(x, ei, return_attention_weights=True)
+        conv((x, x), ei)
+        assert len(calls) == 1
+        with pytest.raises(RuntimeError):
+            conv(torch.randn(30, 9), ei)
+        conv(x, ei)
+        assert len(calls) == 2
