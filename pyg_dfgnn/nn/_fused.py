@@ -166,16 +166,19 @@ class FusedAttentionMixin:
     # -- the one-op layer paths (the layers' ``_layer_op``) ----------------------
 
     @staticmethod
-    def _layer_op_applies(flag, x: Tensor, edge_index: Any) -> bool:
+    def _layer_op_applies(flag, x: Tensor, edge_index: Any, cpu: bool = False,
+                          dtypes: Tuple[torch.dtype, ...] = LAYER_OP_DTYPES) -> bool:
         """Whether a call may take a layer's one-op path (``dfgnn_C::*_layer``)
         as far as its inputs go: the layer module's ``flag`` (``LAYER_OP``) on,
-        an eager CUDA call of a 2-D ``x`` in a kernel dtype on an
-        ``edge_index`` tensor, no autocast, no global module hooks (the path
-        does not call the projections' modules)."""
-        return bool(flag[0] and x.is_cuda and x.dim() == 2 and x.dtype in LAYER_OP_DTYPES
+        an eager CUDA call (or CPU call, with ``cpu``) of a 2-D ``x`` in one of
+        ``dtypes`` (the kernel dtypes) on an ``edge_index`` tensor, no
+        autocast, no global module hooks (the path does not call the
+        projections' modules)."""
+        return bool(flag[0] and (x.is_cuda or (cpu and x.is_cpu)) and x.dim() == 2
+                    and x.dtype in dtypes
                     and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
                     and not torch.compiler.is_compiling()
-                    and not torch.is_autocast_enabled("cuda") and not _global_hooks())
+                    and not torch.is_autocast_enabled(x.device.type) and not _global_hooks())
 
     @staticmethod
     def _layer_op_maps(lins, rows: int, x: Tensor):

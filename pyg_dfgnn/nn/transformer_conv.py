@@ -17,7 +17,7 @@ from ..ops.fused import transformer_layer_on
 from ..schedule import plan_for
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
-from ._glue import _global_hooks, _use, apply_linear, fused_projections
+from ._glue import _use, apply_linear, fused_projections
 from ._padded import gpu_bound, kernel_width, padded_linear, unpad
 
 #: whether eager CUDA calls take the one-op layer path
@@ -85,7 +85,7 @@ def _folded_weights(lins, heads: int, chans: int, dtype: torch.dtype):
 
 
 def _aggregate_then_project(g, x: Tensor, lins, heads: int, chans: int, scale: float,
-                            folded=None) -> Tensor:
+                            folded) -> Tensor:
     r"""The Transformer layer's output without the key and value projections
     in the attention: with :math:`q_i^h = W_q^h x_i + b_q^h`,
 
@@ -112,11 +112,11 @@ def _aggregate_then_project(g, x: Tensor, lins, heads: int, chans: int, scale: f
     :math:`(W_k^h)^\top W_q^h` are formed in fp32 and rounded once to ``x``'s
     dtype).  ``lins``: ``(weight, bias)`` of q / k / v and of the skip map
     (``(None, None)`` without root weight), as :meth:`TransformerConv._layer_op`
-    reads them; ``folded``: :func:`_folded_weights` of them, if at hand."""
+    reads them; ``folded``: :func:`_folded_weights` of them."""
     _q, _k, (wv, bv), (ws, _bs) = lins
     N, D = x.shape
     H, C = heads, chans
-    m, c, bias = folded if folded is not None else _folded_weights(lins, H, C, x.dtype)
+    m, c, bias = folded
     qt = torch.addmm(c, x, m.t()) if c is not None else torch.mm(x, m.t())
     # (the skip GEMM before the attention: two GEMMs of GPU work queued while
     # the host prepares the attention's launch, which took longer than one
@@ -132,22 +132,17 @@ def _aggregate_then_project(g, x: Tensor, lins, heads: int, chans: int, scale: f
         if empty is not None:   # (rows without edges: no value bias)
             out.index_add_(0, empty, bv.expand(empty.numel(), H * C), alpha=-1)
     xs = x.unsqueeze(1).expand(N, H, D)
-    # (the keys are the values: with a key scale of ones the kernels load each
-    # gathered row once per edge and head, not once as a key and once as a value)
-    ones = _ones(g, H, x) if _SHARED_KV_ONE_LOAD[0] else None
-    z, _ = dot_attention(g, qt.view(N, H, D), xs, xs, scale=scale, key_scale=ones)  # [N, H, D]
+    # (the keys are the values: with a key scale of ones the kernels that load
+    # each gathered row once per edge and head run (AGNN's), not the dot
+    # kernels' key and value loads: the attention kernel 0.95x the time in
+    # fp32, the same in bf16, 4 x 64 on the 100k graphs, H200, docs/KERNELS.md,
+    # session 44)
+    z, _ = dot_attention(g, qt.view(N, H, D), xs, xs, scale=scale,
+                         key_scale=_ones(g, H, x))                          # [N, H, D]
     # out[:, h] += z[:, h] W_v^h^T, one strided batched GEMM over the heads
     out.view(N, H, C).transpose(0, 1).baddbmm_(z.transpose(0, 1),
                                                wv.view(H, C, D).transpose(1, 2))
     return out
-
-
-#: whether :func:`_aggregate_then_project` passes a key scale of ones, so that
-#: the CUDA kernels that gather each row once per edge (AGNN's: keys that are
-#: the values) run (the attention kernel 0.95x the time of the dot kernels'
-#: two loads in fp32, unchanged in bf16: 4 x 64 on the 100k graphs, H200,
-#: docs/KERNELS.md, session 44)
-_SHARED_KV_ONE_LOAD = [True]
 
 
 def _ones(g, heads: int, x: Tensor) -> Tensor:
@@ -229,17 +224,10 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         docs/KERNELS.md, session 33)."""
         if not self._layer_op_applies(LAYER_OP, x, edge_index):
             return None
-        member = self._member
-        if not (self.concat and member("lin_beta") is None and member("lin_edge") is None):
-            return None
-        H, C = self.heads, self.out_channels
-        maps = (member("lin_query"), member("lin_key"), member("lin_value"))
-        lins = self._layer_op_maps(maps + ((member("lin_skip"),) if self.root_weight else ()),
-                                   H * C, x)
+        lins = self._projection_maps(x)
         if lins is None or len({wb[1] is None for wb in lins[:3]}) > 1:
             return None   # (q / k / v: biases on all or none)
-        if len(lins) == 3:   # (no root weight)
-            lins.append((None, None))
+        H, C = self.heads, self.out_channels
         g = self._layer_op_graph(x, edge_index, False)
         if g is None:
             return None
@@ -251,6 +239,21 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
                                     1.0 / math.sqrt(C), p, _op_seed(p),
                                     _use(x, x.size(0), 3 * H * width),
                                     not gpu_bound(x.size(0), H, C))
+
+    def _projection_maps(self, x: Tensor):
+        """``[(weight, bias)]`` of q / k / v and the skip map (``(None, None)``
+        without root weight) that the one-op paths run themselves
+        (:meth:`_layer_op_maps`), or ``None``: not with averaged heads,
+        ``beta`` or edge features."""
+        member = self._member
+        if not (self.concat and member("lin_beta") is None and member("lin_edge") is None):
+            return None
+        maps = (member("lin_query"), member("lin_key"), member("lin_value"))
+        lins = self._layer_op_maps(maps + ((member("lin_skip"),) if self.root_weight else ()),
+                                   self.heads * self.out_channels, x)
+        if lins is not None and len(lins) == 3:   # (no root weight)
+            lins.append((None, None))
+        return lins
 
     def _factorized(self, x: Tensor, edge_index: Adj) -> Optional[Tensor]:
         """The call's output by :func:`_aggregate_then_project`, or ``None``
@@ -275,26 +278,14 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         if mode == "auto" and not (x.dim() == 2 and x.size(1) <= C and x.is_cuda
                                    and gpu_bound(x.size(0), H, C)):
             return None   # (first: the host-bound calls it leaves pay least)
-        if not (x.dim() == 2 and (x.is_cuda or (mode == "on" and x.is_cpu))
-                and x.dtype in _FACTORIZE_DTYPES
-                and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
-                and not torch.compiler.is_compiling()
-                and not torch.is_autocast_enabled(x.device.type)
-                and not _global_hooks()):   # (the projections' modules are not called)
+        if not self._layer_op_applies([True], x, edge_index, cpu=mode == "on",
+                                      dtypes=_FACTORIZE_DTYPES):
             return None
-        member = self._member
-        if not (self.concat and member("lin_beta") is None and member("lin_edge") is None):
+        if mode == "auto" and (x.size(1) * x.element_size()) % 16:
             return None
-        D = x.size(1)
-        if mode == "auto" and (D * x.element_size()) % 16:
-            return None
-        maps = (member("lin_query"), member("lin_key"), member("lin_value"))
-        lins = self._layer_op_maps(maps + ((member("lin_skip"),) if self.root_weight else ()),
-                                   H * C, x)
+        lins = self._projection_maps(x)
         if lins is None:
             return None
-        if len(lins) == 3:   # (no root weight)
-            lins.append((None, None))
         g = self._layer_op_graph(x, edge_index, False)
         if g is None:
             return None
