@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <vector>
 
 namespace dfgnn {
 
@@ -122,6 +123,28 @@ std::tuple<at::Tensor, at::Tensor> gat_logits_bwd(const at::Tensor& x, const at:
 // rows C..W-1 in every head, in one launch (pad_heads.cu; nn/_glue.py)
 std::tuple<at::Tensor, at::Tensor> stack_pad_heads(at::TensorList ws, at::TensorList bs,
                                                    int64_t heads, int64_t chans, int64_t width);
+
+// fp32 projections x W^T + b on the bf16 tensor cores to fp32 accuracy
+// (fp32_gemm.cu: the split GEMM, its rule and its mode).  A plan decides once
+// for the maps of one x whether they are split, and whether X' carries the
+// bias columns (any map with a bias): a GEMM recomputed later (the
+// Transformer's skip in its backward) repeats the forward's bit for bit.
+struct Fp32Gemm {
+  bool split = false;
+  bool bias_cols = false;
+};
+Fp32Gemm fp32_gemm_plan(const at::Tensor& x, const std::vector<at::Tensor>& ws,
+                        const std::vector<at::Tensor>& bs);
+// x ws[i]^T + bs[i] (undefined or empty bs[i]: none), by the plan / its own plan
+std::vector<at::Tensor> affines(const at::Tensor& x, const std::vector<at::Tensor>& ws,
+                                const std::vector<at::Tensor>& bs, const Fp32Gemm& plan);
+std::vector<at::Tensor> affines(const at::Tensor& x, const std::vector<at::Tensor>& ws,
+                                const std::vector<at::Tensor>& bs);
+std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList ws,
+                                const c10::List<c10::optional<at::Tensor>>& bs);
+// -1 = not forced (PYG_DFGNN_FP32_MATMUL decides), 0 ieee, 1 auto, 2 split;
+// returns the previous mode, or -2 (nothing changed) for another value
+int64_t set_fp32_gemm_mode(int64_t mode);
 
 // The stride of t's rows (its leading dimensions flattened) where they are
 // evenly strided with contiguous columns, what resize_cols takes; else -1

@@ -794,8 +794,9 @@ at::Tensor ones_like_rows(const at::Tensor& like, int64_t n) {
 // x W^T (+ b): one GEMM, the bias through cuBLAS' epilogue (addmm), as the
 // layers' linear maps compute it; an undefined or empty b (stack_pad_heads'
 // placeholder where there are no biases) is none
+// (fp32 on the bf16 tensor cores where that pays: fp32_gemm.cu, affines)
 at::Tensor affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return b.defined() && b.numel() > 0 ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+  return affines(x, {w}, {b})[0];
 }
 
 at::Tensor column_sum(const at::Tensor& g2, bool gemv) {
@@ -868,18 +869,19 @@ std::tuple<at::Tensor, at::Tensor> stack_pad_maps(at::TensorList ws,
 }
 
 // x W^T (+ b) as [N, H, W] (W: the width of w's heads)
+// (ieee: cuBLAS' fp32 GEMM whatever the fp32 GEMM mode: GATv2's projections)
 at::Tensor heads_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t H,
-                        int64_t W) {
-  return affine(x, w, b).view({x.size(0), H, W});
+                        int64_t W, bool ieee = false) {
+  return (ieee ? affines(x, {w}, {b}, Fp32Gemm{})[0] : affine(x, w, b)).view({x.size(0), H, W});
 }
 
 // x W^T (+ b) in the padded width, [N, H, W], with its padded weight
 std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const at::Tensor& w,
                                                     const optional<at::Tensor>& b, int64_t H,
-                                                    int64_t C, int64_t W) {
+                                                    int64_t C, int64_t W, bool ieee = false) {
   at::Tensor wp = w, bp = opt(b);
   if (W != C) std::tie(wp, bp) = stack_pad_maps({w}, {b}, H, C, W);
-  return {heads_affine(x, wp, bp, H, W), wp};
+  return {heads_affine(x, wp, bp, H, W, ieee), wp};
 }
 
 // ------------------------------------------------------------------ GAT layer
@@ -1075,14 +1077,27 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     const bool has_b = bq.has_value();   // (q / k / v: all biases or none)
     at::Tensor wp, bp;
     std::tie(wp, bp) = stack_pad_maps({wq, wk, wv}, {bq, bk, bv}, H, C, W);
-    const at::Tensor y = affine(x, wp, bp);
+    // q / k / v (and the skip, before the attention) from one split of x where
+    // the fp32 GEMMs are split (fp32_gemm.cu).  Where the backward recomputes
+    // the skip for its Delta (kFromOutput: narrow heads, no keep_attn) the
+    // skip is cuBLAS' fp32 GEMM in both, bit for bit the same, and no split of
+    // x is made at the backward's peak (one raised the Transformer 8 x 10 fp32
+    // peak 12 % on the power-law 100k graph, H200, docs/KERNELS.md, session 45)
+    const bool attn_saved = keep_attn || W * (int64_t)x.element_size() >= kWideHeadBytes;
+    std::vector<at::Tensor> maps{wp}, biases{bp};
+    if (ws.has_value() && attn_saved) {
+      maps.push_back(*ws);
+      biases.push_back(opt(bs));
+    }
+    const std::vector<at::Tensor> ys = affines(x, maps, biases);
+    const at::Tensor& y = ys[0];
     at::Tensor attn, lse, alpha;
     std::tie(attn, lse, alpha) =
         layer_attention_fwd(2, *g, block(y, 0, H, W), block(y, 1, H, W), block(y, 2, H, W), {});
     // [N, H, C]: the attention's first C columns (+ the skip)
     at::Tensor out = W == C ? attn : attn.narrow(2, 0, C);
     if (ws.has_value()) {
-      const at::Tensor skip = affine(x, *ws, opt(bs));
+      const at::Tensor skip = ys.size() > 1 ? ys[1] : affines(x, {*ws}, {opt(bs)}, Fp32Gemm{})[0];
       out = out + skip.view({N, H, C});
     } else if (W != C) {
       out = out.contiguous();
@@ -1092,6 +1107,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     ctx->save_for_backward(
         {x, wp, opt(ws), opt(bs), y, flat, lse, ds == kAttnSaved ? attn : at::Tensor()});
     save_graph(ctx, *g);
+    TORCH_INTERNAL_ASSERT(attn_saved == (ds != kFromOutput) || !ws.has_value());
     ctx->saved_data["dims"] = std::vector<int64_t>{H, C, W, gemv, has_b, ws.has_value(),
                                                    bs.has_value(), ds};
     return {flat};
@@ -1122,8 +1138,8 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     if (ds == kFromOutput) {
       phase("dfgnn::transformer_layer_backward::delta");
       at::Tensor skip;
-      if (has_ws)
-        skip = affine(x, ws, bs).view({N, H, C});
+      if (has_ws)   // (cuBLAS' fp32 GEMM, as the forward computed it here)
+        skip = affines(x, {ws}, {bs}, Fp32Gemm{})[0].view({N, H, C});
       delta = row_delta(g3, saved_heads(out, H, C), skip);
     }
     phase.end();
@@ -1232,6 +1248,11 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
                        const at::Tensor& att, const LayerGraph& g, int64_t H, int64_t C,
                        int64_t W) {
   Gatv2Fwd f;
+  // (GATv2's projections keep cuBLAS' fp32 GEMM in every fp32 GEMM mode,
+  // heads_affine's `ieee` (fp32_gemm.cu): its gradients jump where z_ij =
+  // x_l,j + x_r,i crosses 0 (LeakyReLU'), and the split GEMM's larger rounding
+  // moved more edges across it: the layer bench's 4 x 64 fp32 gradient error
+  // 3.5e-3 against PyG's own 1.5e-3, H200, docs/KERNELS.md, session 45)
   if (wr.has_value() && W != C && bl.has_value() == br.has_value() &&
       (H * W * wl.size(1) * (int64_t)wl.element_size()) % 16 == 0) {
     // both weights (and biases) padded in one launch, each map its own GEMM
@@ -1242,13 +1263,13 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
     const int64_t w = H * W;
     auto proj = [&](int64_t i, at::Tensor& y, at::Tensor& wi) {
       wi = wp.narrow(0, i * w, w);
-      y = heads_affine(x, wi, bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor(), H, W);
+      y = heads_affine(x, wi, bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor(), H, W, true);
     };
     proj(0, f.xl, f.wlp);
     proj(1, f.xr, f.wrp);
   } else {
-    std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W);
-    if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W);
+    std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W, true);
+    if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W, true);
     else f.xr = f.xl;
   }
   const at::Tensor a = att.dim() == 3 ? att.select(0, 0) : att;   // (PyG's [1, H, C])
@@ -1489,6 +1510,8 @@ TORCH_LIBRARY(dfgnn_C, m) {
         "Tensor? merge, Tensor? t_work, Tensor? t_merge, float eps) -> Tensor");
   m.def("set_backward_mode(int mode) -> int", &dfgnn::set_backward_mode);
   m.def("get_backward_mode() -> int", &dfgnn::get_backward_mode);
+  m.def("set_fp32_gemm_mode(int mode) -> int", &dfgnn::set_fp32_gemm_mode);
+  m.def("linears(Tensor x, Tensor[] ws, Tensor?[] bs) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
@@ -1502,6 +1525,7 @@ TORCH_LIBRARY_IMPL(dfgnn_C, CUDA, m) {
   m.impl("agnn_prologue", &dfgnn::agnn_prologue);
   m.impl("agnn_prologue_bwd", &dfgnn::agnn_prologue_bwd);
   m.impl("stack_pad_heads", &dfgnn::stack_pad_heads);
+  m.impl("linears", &dfgnn::linears);
   m.impl("gat_layer", &dfgnn::gat_layer_cuda);
   m.impl("transformer_layer", &dfgnn::transformer_layer_nograd_call);
   m.impl("gatv2_layer", &dfgnn::gatv2_layer_nograd);

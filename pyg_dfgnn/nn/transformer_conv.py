@@ -13,7 +13,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
 from .. import graph as graph_module
 from ..ops import DOT, _op_seed, dot_attention
-from ..ops.fused import transformer_layer_on
+from ..ops.fused import linears, transformer_layer_on
 from ..schedule import plan_for
 from ._fused import (FusedAttentionMixin, common_dtype, generic_propagate,
                      implied_edge_attr, resolve_adjacency)
@@ -117,16 +117,16 @@ def _aggregate_then_project(g, x: Tensor, lins, heads: int, chans: int, scale: f
     N, D = x.shape
     H, C = heads, chans
     m, c, bias = folded
-    qt = torch.addmm(c, x, m.t()) if c is not None else torch.mm(x, m.t())
     # (the skip GEMM before the attention: two GEMMs of GPU work queued while
     # the host prepares the attention's launch, which took longer than one
-    # GEMM in half precision)
+    # GEMM in half precision; both from one split of x where fp32 GEMMs run
+    # on the tensor cores: ops.fused.linears)
     if ws is not None:
-        out = torch.addmm(bias, x, ws.t()) if bias is not None else torch.mm(x, ws.t())
-    elif bias is not None:
-        out = bias.expand(N, H * C).contiguous()
+        qt, out = linears(x, [(m, c), (ws, bias)])
     else:
-        out = x.new_zeros(N, H * C)
+        (qt,) = linears(x, [(m, c)])
+        out = (bias.expand(N, H * C).contiguous() if bias is not None
+               else x.new_zeros(N, H * C))
     if bv is not None and N:
         empty = _empty_rows(g)
         if empty is not None:   # (rows without edges: no value bias)

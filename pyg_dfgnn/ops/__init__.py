@@ -18,13 +18,15 @@ from torch import Tensor
 
 from ..graph import CSRGraph, GraphRef
 from . import fused, reference
-from .fused import BACKWARD_MODES, backward_mode, set_backward_mode
+from .fused import (BACKWARD_MODES, FP32_MATMUL_MODES, backward_mode, fp32_matmul,
+                    set_backward_mode, set_fp32_matmul)
 from .reference import DOT, GAT, GATV2
 
 __all__ = ["gat_attention", "gat_node_attention", "gatv2_attention", "dot_attention",
            "agnn_attention",
            "GAT", "GATV2", "DOT", "reference", "fused", "SUPPORTED_DTYPES",
-           "set_backward_mode", "backward_mode", "BACKWARD_MODES"]
+           "set_backward_mode", "backward_mode", "BACKWARD_MODES",
+           "set_fp32_matmul", "fp32_matmul", "FP32_MATMUL_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

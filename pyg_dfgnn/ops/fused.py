@@ -42,7 +42,58 @@ _C_OPS: list = []
 #: statistics (nothing per edge, a slower column pass), ``auto`` stores unless
 #: that would take over a quarter of the device memory not yet allocated
 BACKWARD_MODES = ("store", "recompute", "auto")
-_backward_mode: List[Optional[str]] = [None]   # forced for the process, or None
+
+#: how the CUDA layer ops' fp32 projection GEMMs run (``cuda/fp32_gemm.cu``;
+#: docs/KERNELS.md, session 45): ``ieee`` by cuBLAS' fp32 GEMM; ``split`` on
+#: the bf16 tensor cores, each fp32 operand the exact sum of three bf16 parts
+#: and the six products above 2^-24 of the result accumulated in fp32 (error
+#: that of the fp32 accumulation: ~3-4x cuBLAS' fp32 GEMM's, against 1000x for
+#: TF32); ``auto`` splits where the product N x K x M reaches 2^30 (the
+#: 100k-node graphs; PATTERN's batches are host-bound and keep ``ieee``) on
+#: sm_80 and newer.  Split: the Transformer's and GAT's forward projections;
+#: GATv2's and the backward's GEMMs stay ``ieee`` in every mode
+FP32_MATMUL_MODES = ("ieee", "auto", "split")
+
+
+class _ForcedMode:
+    """A process-wide mode of the CUDA library, forced by the caller or
+    ``None`` (its environment variable or rule decides): stored here and
+    handed to the library's ``setter`` op (``-1`` for ``None``, else the
+    mode's index; the op returns ``-2`` for a value it refuses, since an
+    exception thrown from an argument-less op crashed the process on the H100
+    build) when the library is loaded, and on every change after."""
+
+    def __init__(self, modes: Tuple[str, ...], setter: str, what: str):
+        self.modes, self.setter, self.what = modes, setter, what
+        self.mode: Optional[str] = None
+
+    def apply(self, ops) -> None:
+        code = -1 if self.mode is None else self.modes.index(self.mode)
+        if getattr(ops, self.setter)(code) == -2:
+            raise RuntimeError(f"pyg_dfgnn: the CUDA library refused {self.what} {self.mode!r}")
+
+    def set(self, mode: Optional[str]) -> Optional[str]:
+        if mode is not None and mode not in self.modes:
+            raise ValueError(f"'mode' must be one of {', '.join(map(repr, self.modes))} or "
+                             f"None, got {mode!r}")
+        prev, self.mode = self.mode, mode
+        if _C_OPS:
+            self.apply(_C_OPS[0])
+        return prev
+
+
+@contextlib.contextmanager
+def _scoped(setter, mode: Optional[str]):
+    """``setter(mode)`` for the ``with`` block, the previous mode restored on exit."""
+    prev = setter(mode)
+    try:
+        yield
+    finally:
+        setter(prev)
+
+
+_BACKWARD = _ForcedMode(BACKWARD_MODES, "set_backward_mode", "backward mode")
+_FP32_MATMUL = _ForcedMode(FP32_MATMUL_MODES, "set_fp32_gemm_mode", "fp32 matmul mode")
 
 
 def _ext():
@@ -52,16 +103,11 @@ def _ext():
     from .. import _build
     _build.load()
     ops = torch.ops.dfgnn_C
-    if _backward_mode[0] is not None:
-        _apply_backward_mode(ops)
+    for forced in (_BACKWARD, _FP32_MATMUL):
+        if forced.mode is not None:
+            forced.apply(ops)
     _C_OPS.append(ops)
     return _C_OPS[0]
-
-
-def _apply_backward_mode(ops) -> None:
-    mode = _backward_mode[0]
-    if ops.set_backward_mode(-1 if mode is None else BACKWARD_MODES.index(mode)) == -2:
-        raise RuntimeError(f"pyg_dfgnn: the CUDA library refused backward mode {mode!r}")
 
 
 def set_backward_mode(mode: Optional[str]) -> Optional[str]:
@@ -76,24 +122,39 @@ def set_backward_mode(mode: Optional[str]) -> Optional[str]:
     bit-reproducible) unless ``torch.use_deterministic_algorithms`` is on,
     when ``auto`` stores.  Returns the previous setting.  The CPU kernels have
     one mode only and ignore it."""
-    if mode is not None and mode not in BACKWARD_MODES:
-        raise ValueError(f"'mode' must be one of {', '.join(map(repr, BACKWARD_MODES))} or "
-                         f"None, got {mode!r}")
-    prev = _backward_mode[0]
-    _backward_mode[0] = mode
-    if _C_OPS:
-        _apply_backward_mode(_C_OPS[0])
-    return prev
+    return _BACKWARD.set(mode)
 
 
-@contextlib.contextmanager
 def backward_mode(mode: Optional[str]):
     """:func:`set_backward_mode` for the ``with`` block, restored on exit."""
-    prev = set_backward_mode(mode)
-    try:
-        yield
-    finally:
-        set_backward_mode(prev)
+    return _scoped(set_backward_mode, mode)
+
+
+def set_fp32_matmul(mode: Optional[str]) -> Optional[str]:
+    """Force how the CUDA layer ops' fp32 projection GEMMs run for this
+    process: ``"ieee"``, ``"split"`` or ``"auto"`` (see
+    :data:`FP32_MATMUL_MODES`); ``None`` gives the choice back to the
+    ``PYG_DFGNN_FP32_MATMUL`` environment variable (default ``auto``), which a
+    forced mode overrides.  Returns the previous setting.  Half-precision
+    inputs, the CPU and the backward's GEMMs are not affected."""
+    return _FP32_MATMUL.set(mode)
+
+
+def fp32_matmul(mode: Optional[str]):
+    """:func:`set_fp32_matmul` for the ``with`` block, restored on exit."""
+    return _scoped(set_fp32_matmul, mode)
+
+
+def linears(x: Tensor, maps) -> List[Tensor]:
+    """``[x W^T + b]`` for the ``(W, b)`` pairs of ``maps`` (``b`` may be
+    ``None``) on one ``x [N, K]``, without autograd: on CUDA fp32 inputs by the
+    extension's rule (:data:`FP32_MATMUL_MODES`: ``x`` split once for all
+    maps), elsewhere ``addmm`` / ``mm``.  The caller validated the shapes,
+    dtypes and devices."""
+    if x.is_cuda and x.dtype == torch.float32 and not torch.compiler.is_compiling():
+        return list(_ext().linears(x, [w for w, _ in maps], [b for _, b in maps]))
+    return [torch.addmm(b, x, w.t()) if b is not None else torch.mm(x, w.t())
+            for w, b in maps]
 
 
 def _seed_int(seed: Optional[Tensor]) -> int:

@@ -9,6 +9,7 @@ from ._equiv import (DEVICES, E, FORMATS, F_IN, HAS_CUDA, N, SparseTensor,
                      assert_layer_op_equals_several_ops, check_bf16_against_float64,
                      check_bias_grad_over_kept_ones, check_core,
                      check_layer_op_against_float64, check_layer_op_guards,
+                     check_split_fp32_against_float64,
                      check_equivalence, check_formats, check_state_dict_round_trip,
                      dropout_runs, feats, layer_op_case, layer_op_equality_cases,
                      layer_op_node, make_adj,
@@ -285,6 +286,16 @@ def test_layer_op_against_float64(kw, gpu_bound, monkeypatch):
         monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
     check_layer_op_against_float64(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, **kw),
                                    "GatLayerFn")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=19), dict(heads=4, out_channels=64)])
+def test_layer_op_split_fp32_against_float64(kw, monkeypatch):
+    """The one-op path with its fp32 projections split on the bf16 tensor
+    cores (check_split_fp32_against_float64)."""
+    check_split_fp32_against_float64(pyg_nn.GATConv, GATConv, dict(in_channels=F_IN, **kw),
+                                     "GatLayerFn", monkeypatch)
 
 
 @pytest.mark.cuda

@@ -141,6 +141,37 @@ def test_layer_op_against_float64(kw):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kw", [dict(heads=8, out_channels=19), dict(heads=4, out_channels=64)])
+def test_layer_op_projections_stay_ieee(kw, monkeypatch, deterministic):
+    """GATv2's projections run cuBLAS' fp32 GEMM in every fp32 matmul mode
+    (``ops.fp32_matmul``; cuda/dfgnn_ops.cpp, gatv2_forward: its gradients
+    jump where z crosses 0, and the split GEMM's rounding moved more edges
+    across it): output and gradients bit-equal under "split" and "ieee", on
+    GPU-bound calls (padded heads) too (deterministic backward)."""
+    from pyg_dfgnn.data import pattern_like_batch
+    from pyg_dfgnn.nn import _padded
+    from pyg_dfgnn.ops import fp32_matmul
+    for bound in (False, True):
+        if bound:
+            monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+        ei = pattern_like_batch(4, seed=1).edge_index.cuda()
+        conv = GATv2Conv(F_IN, **kw).cuda()
+        x = torch.randn(int(ei.max()) + 1, F_IN, device="cuda")
+        res = []
+        for mode in ("split", "ieee"):
+            xs = x.clone().requires_grad_()
+            conv.zero_grad(set_to_none=True)
+            with fp32_matmul(mode):
+                out = conv(xs, ei)
+                assert "Gatv2LayerFn" in layer_op_node(out)
+                out.backward(torch.ones_like(out))
+            res.append([out.detach(), xs.grad] + [p.grad for p in conv.parameters()])
+        for a, b in zip(*res):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("mode", ["recompute", "alpha"])
 def test_narrow_heads_backward_against_float64(mode, dtype, monkeypatch):
