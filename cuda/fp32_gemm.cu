@@ -24,7 +24,7 @@
 // result's error is that of the fp32 accumulation: measured on an H200,
 // max |y - y64| / max |y64| ~1e-6 against cuBLAS' fp32 GEMM's 2.4-3.5e-7 (the
 // tensor cores' accumulation, not the split: the same sums accumulated exactly
-// are within 1e-8), and the GEMM took 0.43-0.65x cuBLAS' fp32 time at K = 64,
+// are within 1e-8), and the GEMM took 0.44-0.54x cuBLAS' fp32 time at K = 64,
 // M = 256-1024 on 100k rows (_carry/gemm45b.py).
 //
 // split_operand writes X' or W' in one launch; affines() runs one or more
