@@ -149,9 +149,13 @@ def linears(x: Tensor, maps) -> List[Tensor]:
     """``[x W^T + b]`` for the ``(W, b)`` pairs of ``maps`` (``b`` may be
     ``None``) on one ``x [N, K]``, without autograd: on CUDA fp32 inputs by the
     extension's rule (:data:`FP32_MATMUL_MODES`: ``x`` split once for all
-    maps), elsewhere ``addmm`` / ``mm``.  The caller validated the shapes,
-    dtypes and devices."""
-    if x.is_cuda and x.dtype == torch.float32 and not torch.compiler.is_compiling():
+    maps), elsewhere ``addmm`` / ``mm``, and there too where autograd would
+    record the call (the op has no backward).  The caller validated the
+    shapes, dtypes and devices."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or any(
+        t is not None and t.requires_grad for m in maps for t in m))
+    if x.is_cuda and x.dtype == torch.float32 and not grad \
+            and not torch.compiler.is_compiling():
         return list(_ext().linears(x, [w for w, _ in maps], [b for _, b in maps]))
     return [torch.addmm(b, x, w.t()) if b is not None else torch.mm(x, w.t())
             for w, b in maps]

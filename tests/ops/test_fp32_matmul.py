@@ -136,6 +136,24 @@ def test_auto_and_ieee_run_cublas_fp32():
     assert not torch.equal(ya, torch.addmm(b, big, w.t()))
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_calls_autograd_records_run_addmm():
+    """Where autograd would record the call (grad mode, an input requiring
+    grad), linears is addmm even in "split" mode: the op has no backward."""
+    gen = torch.Generator().manual_seed(9)
+    x = _x(100, 16, gen, "cuda")
+    (w, b), = _maps(16, [32], [True], gen, "cuda")
+    w.requires_grad_()
+    with ops.fp32_matmul("split"):
+        (y,) = linears(x, [(w, b)])
+        assert y.grad_fn is not None
+        assert torch.equal(y, torch.addmm(b, x, w.t()))
+        with torch.no_grad():
+            (y2,) = linears(x, [(w, b)])
+    assert y2.grad_fn is None and not torch.equal(y2, y)
+
+
 def test_cpu_and_other_dtypes_run_addmm():
     """Off CUDA fp32, linears is addmm / mm (the CPU, float64)."""
     gen = torch.Generator().manual_seed(7)
