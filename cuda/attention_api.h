@@ -3,11 +3,25 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include <atomic>
 #include <vector>
 
 namespace dfgnn {
+
+// A constant of the current device asked of the driver once (query(dev) for
+// devices 0-63, cached in `cache`; any later device is asked every time).
+template <typename Query>
+inline int64_t device_constant(std::atomic<int64_t> (&cache)[64], Query&& query) {
+  const int dev = c10::cuda::current_device();
+  int64_t v = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    v = query(dev);
+    if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
 
 // The backward's column-pass mode as forced by the caller (dfgnn_C::set_backward_mode,
 // pyg_dfgnn.ops.set_backward_mode): -1 = not forced (PYG_DFGNN_BACKWARD or the
@@ -125,21 +139,12 @@ std::tuple<at::Tensor, at::Tensor> stack_pad_heads(at::TensorList ws, at::Tensor
                                                    int64_t heads, int64_t chans, int64_t width);
 
 // fp32 projections x W^T + b on the bf16 tensor cores to fp32 accuracy
-// (fp32_gemm.cu: the split GEMM, its rule and its mode).  A plan decides once
-// for the maps of one x whether they are split, and whether X' carries the
-// bias columns (any map with a bias): a GEMM recomputed later (the
-// Transformer's skip in its backward) repeats the forward's bit for bit.
-struct Fp32Gemm {
-  bool split = false;
-  bool bias_cols = false;
-};
-Fp32Gemm fp32_gemm_plan(const at::Tensor& x, const std::vector<at::Tensor>& ws,
-                        const std::vector<at::Tensor>& bs);
-// x ws[i]^T + bs[i] (undefined or empty bs[i]: none), by the plan / its own plan
+// (fp32_gemm.cu: the split GEMM, its rule and its mode): the maps (ws[i],
+// bs[i]) of one x (undefined or empty bs[i]: none), x split once for all of
+// them where the rule splits; `may_split` false: cuBLAS' fp32 GEMM whatever the
+// mode (GATv2's projections; a GEMM that must repeat another bit for bit)
 std::vector<at::Tensor> affines(const at::Tensor& x, const std::vector<at::Tensor>& ws,
-                                const std::vector<at::Tensor>& bs, const Fp32Gemm& plan);
-std::vector<at::Tensor> affines(const at::Tensor& x, const std::vector<at::Tensor>& ws,
-                                const std::vector<at::Tensor>& bs);
+                                const std::vector<at::Tensor>& bs, bool may_split = true);
 std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList ws,
                                 const c10::List<c10::optional<at::Tensor>>& bs);
 // -1 = not forced (PYG_DFGNN_FP32_MATMUL decides), 0 ieee, 1 auto, 2 split;

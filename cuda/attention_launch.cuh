@@ -60,18 +60,6 @@ inline int choose_group(int forced, int64_t F, int vec, int kind) {
   return g;
 }
 
-// A constant of the current device asked of the driver once (query(dev) for
-// devices 0-63, cached in `cache`; any later device is asked every time).
-template <typename Query>
-int64_t device_constant(std::atomic<int64_t> (&cache)[64], Query&& query) {
-  const int dev = c10::cuda::current_device();
-  int64_t v = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
-    v = query(dev);
-    if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
 
 // Backward column-pass mode (bwd_col_kernel): recompute alpha and dS from the
 // row statistics (nothing per edge stored; slower) or store them per edge as

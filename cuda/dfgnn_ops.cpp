@@ -869,19 +869,19 @@ std::tuple<at::Tensor, at::Tensor> stack_pad_maps(at::TensorList ws,
 }
 
 // x W^T (+ b) as [N, H, W] (W: the width of w's heads)
-// (ieee: cuBLAS' fp32 GEMM whatever the fp32 GEMM mode: GATv2's projections)
+// (may_split: as affines'; false for GATv2's projections)
 at::Tensor heads_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t H,
-                        int64_t W, bool ieee = false) {
-  return (ieee ? affines(x, {w}, {b}, Fp32Gemm{})[0] : affine(x, w, b)).view({x.size(0), H, W});
+                        int64_t W, bool may_split = true) {
+  return affines(x, {w}, {b}, may_split)[0].view({x.size(0), H, W});
 }
 
 // x W^T (+ b) in the padded width, [N, H, W], with its padded weight
 std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const at::Tensor& w,
                                                     const optional<at::Tensor>& b, int64_t H,
-                                                    int64_t C, int64_t W, bool ieee = false) {
+                                                    int64_t C, int64_t W, bool may_split = true) {
   at::Tensor wp = w, bp = opt(b);
   if (W != C) std::tie(wp, bp) = stack_pad_maps({w}, {b}, H, C, W);
-  return {heads_affine(x, wp, bp, H, W, ieee), wp};
+  return {heads_affine(x, wp, bp, H, W, may_split), wp};
 }
 
 // ------------------------------------------------------------------ GAT layer
@@ -1006,11 +1006,15 @@ at::Tensor gat_layer_cuda(DFGNN_GAT_LAYER_PARAMS) {
 // (kWideHeadBytes: attention_api.h)
 enum DeltaSource : int64_t { kFromOutput = 0, kOutIsAttn = 1, kAttnSaved = 2 };
 
+// Whether an attention output of heads of W elements of `elem` bytes is saved
+// besides the layer's output (kAttnSaved) rather than recovered from it
+bool saves_attn(int64_t W, int64_t elem, bool keep_attn) {
+  return keep_attn || W * elem >= kWideHeadBytes;
+}
+
 DeltaSource delta_source(const at::Tensor& out, const at::Tensor& attn, bool keep_attn) {
   if (out.is_same(attn)) return kOutIsAttn;
-  return keep_attn || attn.size(2) * (int64_t)attn.element_size() >= kWideHeadBytes
-             ? kAttnSaved
-             : kFromOutput;
+  return saves_attn(attn.size(2), attn.element_size(), keep_attn) ? kAttnSaved : kFromOutput;
 }
 
 // ---------------------------------------------------------- Transformer layer
@@ -1083,7 +1087,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     // skip is cuBLAS' fp32 GEMM in both, bit for bit the same, and no split of
     // x is made at the backward's peak (one raised the Transformer 8 x 10 fp32
     // peak 12 % on the power-law 100k graph, H200, docs/KERNELS.md, session 45)
-    const bool attn_saved = keep_attn || W * (int64_t)x.element_size() >= kWideHeadBytes;
+    const bool attn_saved = saves_attn(W, x.element_size(), keep_attn);
     std::vector<at::Tensor> maps{wp}, biases{bp};
     if (ws.has_value() && attn_saved) {
       maps.push_back(*ws);
@@ -1097,7 +1101,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     // [N, H, C]: the attention's first C columns (+ the skip)
     at::Tensor out = W == C ? attn : attn.narrow(2, 0, C);
     if (ws.has_value()) {
-      const at::Tensor skip = ys.size() > 1 ? ys[1] : affines(x, {*ws}, {opt(bs)}, Fp32Gemm{})[0];
+      const at::Tensor skip = ys.size() > 1 ? ys[1] : affines(x, {*ws}, {opt(bs)}, false)[0];
       out = out + skip.view({N, H, C});
     } else if (W != C) {
       out = out.contiguous();
@@ -1107,7 +1111,6 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
     ctx->save_for_backward(
         {x, wp, opt(ws), opt(bs), y, flat, lse, ds == kAttnSaved ? attn : at::Tensor()});
     save_graph(ctx, *g);
-    TORCH_INTERNAL_ASSERT(attn_saved == (ds != kFromOutput) || !ws.has_value());
     ctx->saved_data["dims"] = std::vector<int64_t>{H, C, W, gemv, has_b, ws.has_value(),
                                                    bs.has_value(), ds};
     return {flat};
@@ -1139,7 +1142,7 @@ struct TransformerLayerFn : public torch::autograd::Function<TransformerLayerFn>
       phase("dfgnn::transformer_layer_backward::delta");
       at::Tensor skip;
       if (has_ws)   // (cuBLAS' fp32 GEMM, as the forward computed it here)
-        skip = affines(x, {ws}, {bs}, Fp32Gemm{})[0].view({N, H, C});
+        skip = affines(x, {ws}, {bs}, false)[0].view({N, H, C});
       delta = row_delta(g3, saved_heads(out, H, C), skip);
     }
     phase.end();
@@ -1249,7 +1252,7 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
                        int64_t W) {
   Gatv2Fwd f;
   // (GATv2's projections keep cuBLAS' fp32 GEMM in every fp32 GEMM mode,
-  // heads_affine's `ieee` (fp32_gemm.cu): its gradients jump where z_ij =
+  // heads_affine's `may_split` (fp32_gemm.cu): its gradients jump where z_ij =
   // x_l,j + x_r,i crosses 0 (LeakyReLU'), and the split GEMM's larger rounding
   // moved more edges across it: the layer bench's 4 x 64 fp32 gradient error
   // 3.5e-3 against PyG's own 1.5e-3, H200, docs/KERNELS.md, session 45)
@@ -1263,13 +1266,13 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
     const int64_t w = H * W;
     auto proj = [&](int64_t i, at::Tensor& y, at::Tensor& wi) {
       wi = wp.narrow(0, i * w, w);
-      y = heads_affine(x, wi, bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor(), H, W, true);
+      y = heads_affine(x, wi, bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor(), H, W, false);
     };
     proj(0, f.xl, f.wlp);
     proj(1, f.xr, f.wrp);
   } else {
-    std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W, true);
-    if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W, true);
+    std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W, false);
+    if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W, false);
     else f.xr = f.xl;
   }
   const at::Tensor a = att.dim() == 3 ? att.select(0, 0) : att;   // (PyG's [1, H, C])

@@ -174,6 +174,39 @@ bool rows_unit_stride(const at::Tensor& t) {
          (t.size(0) <= 1 || t.stride(0) >= t.size(1));
 }
 
+// Whether the maps (ws, bs) of x run split, and whether X' carries the bias
+// columns (any map with a bias)
+struct Plan {
+  bool split = false;
+  bool bias_cols = false;
+};
+
+Plan plan_for(const at::Tensor& x, const std::vector<at::Tensor>& ws,
+              const std::vector<at::Tensor>& bs) {
+  Plan plan;
+  int64_t m_total = 0;
+  bool fp32 = x.is_cuda() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) > 0;
+  // (K = 0: nothing to split, and the kernel writes no columns then)
+  for (size_t i = 0; i < ws.size(); ++i) {
+    m_total += ws[i].size(0);
+    const bool b = bs[i].defined() && bs[i].numel() > 0;
+    plan.bias_cols = plan.bias_cols || b;
+    fp32 = fp32 && ws[i].scalar_type() == at::kFloat && (!b || bs[i].scalar_type() == at::kFloat);
+  }
+  const int mode = fp32 ? fp32_gemm_request() : 0;
+  if (mode == 0 || (mode == 1 && (double)x.size(0) * (double)x.size(1) * (double)m_total <
+                                     kSplitMinFma))
+    return plan;
+  static std::atomic<int64_t> majors[64];   // (compute capability, per device)
+  const c10::cuda::CUDAGuard guard(x.device());
+  plan.split = device_constant(majors, [](int dev) {
+                 cudaDeviceProp prop;
+                 C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+                 return (int64_t)prop.major;
+               }) >= 8;
+  return plan;
+}
+
 }  // namespace
 
 int64_t set_fp32_gemm_mode(int64_t mode) {
@@ -181,46 +214,10 @@ int64_t set_fp32_gemm_mode(int64_t mode) {
   return forced_fp32_gemm_mode().exchange(static_cast<int>(mode));
 }
 
-bool split_gemm_applies(const at::Tensor& x, int64_t m_total) {
-  if (!x.is_cuda() || x.scalar_type() != at::kFloat || x.dim() != 2) return false;
-  const int mode = fp32_gemm_request();
-  if (mode == 0) return false;
-  if (mode == 1 &&
-      (double)x.size(0) * (double)x.size(1) * (double)m_total < kSplitMinFma)
-    return false;
-  static std::atomic<int> caps[64];   // major compute capability per device, once
-  const int dev = x.get_device();
-  int cap = dev >= 0 && dev < 64 ? caps[dev].load(std::memory_order_relaxed) : 0;
-  if (cap == 0) {
-    cudaDeviceProp prop;
-    C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    cap = prop.major;
-    if (dev >= 0 && dev < 64) caps[dev].store(cap, std::memory_order_relaxed);
-  }
-  return cap >= 8;
-}
-
-Fp32Gemm fp32_gemm_plan(const at::Tensor& x, const std::vector<at::Tensor>& ws,
-                        const std::vector<at::Tensor>& bs) {
-  TORCH_INTERNAL_ASSERT(ws.size() == bs.size());
-  Fp32Gemm plan;
-  int64_t m_total = 0;
-  bool fp32 = true;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    if (!ws[i].defined()) continue;
-    m_total += ws[i].size(0);
-    const bool b = bs[i].defined() && bs[i].numel() > 0;
-    plan.bias_cols = plan.bias_cols || b;
-    fp32 = fp32 && ws[i].scalar_type() == at::kFloat && (!b || bs[i].scalar_type() == at::kFloat);
-  }
-  // (K = 0: nothing to split, and the kernel writes no columns then)
-  plan.split = fp32 && x.dim() == 2 && x.size(1) > 0 && split_gemm_applies(x, m_total);
-  return plan;
-}
-
 std::vector<at::Tensor> affines(const at::Tensor& x, const std::vector<at::Tensor>& ws,
-                                const std::vector<at::Tensor>& bs, const Fp32Gemm& plan) {
+                                const std::vector<at::Tensor>& bs, bool may_split) {
   TORCH_INTERNAL_ASSERT(ws.size() == bs.size());
+  const Plan plan = may_split ? plan_for(x, ws, bs) : Plan{};
   std::vector<at::Tensor> out;
   if (!plan.split) {
     for (size_t i = 0; i < ws.size(); ++i) {
@@ -240,11 +237,6 @@ std::vector<at::Tensor> affines(const at::Tensor& x, const std::vector<at::Tenso
     out.push_back(at::mm(lhs, rhs.t(), at::kFloat));
   }
   return out;
-}
-
-std::vector<at::Tensor> affines(const at::Tensor& x, const std::vector<at::Tensor>& ws,
-                                const std::vector<at::Tensor>& bs) {
-  return affines(x, ws, bs, fp32_gemm_plan(x, ws, bs));
 }
 
 // dfgnn_C::linears: the maps (ws[i], bs[i]) of one x, [N, ws[i].size(0)] each

@@ -621,8 +621,9 @@ def check_split_fp32_against_float64(pyg_cls: type, our_cls: type, kwargs: Dict[
                                      node: str, monkeypatch) -> None:
     """A layer op whose fp32 projections run split on the bf16 tensor cores
     (``ops.fp32_matmul("split")``, cuda/fp32_gemm.cu) on GPU-bound calls
-    (``GPU_BOUND_ELEMENTS`` 0: padded heads, and the Transformer's backward
-    recomputes the skip for its Delta by the forward's plan) against PyG's
+    (``GPU_BOUND_ELEMENTS`` 0: padded heads, and at narrow heads the
+    Transformer's backward recomputes its skip, cuBLAS fp32 in both passes, for
+    its Delta) against PyG's
     layer in float64 by :func:`check_layer_op_against_float64`, within 6x
     PyG's fp32 error: the split GEMM accumulates 6 K + 3 terms per output
     instead of K + 1 (tests/ops/test_fp32_matmul.py).  The split ran: the
