@@ -41,12 +41,13 @@ LAYER_OP = [True]
 _FUSED_PROJECTION_DEVICES = ("cuda",)
 
 #: the aggregate-then-project forward (:func:`_aggregate_then_project`) for
-#: calls that record no gradient: ``"auto"`` takes it on GPU-bound CUDA calls
-#: whose input rows are no wider than one head (``in_channels <= out_channels``,
-#: rows a 16-byte multiple), where it gathers fewer bytes per edge for the same
-#: arithmetic; ``"on"`` wherever it can compute the call (any size, the CPU too:
-#: the tests); ``"off"`` never.  The environment variable
-#: ``PYG_DFGNN_FACTORIZE`` sets it at import (A/B runs of the bench).
+#: calls that record no gradient: ``"auto"`` takes it on CUDA calls whose input
+#: rows are no wider than one head (``in_channels <= out_channels``, rows a
+#: 16-byte multiple) where the gathered bytes it saves pay for its extra
+#: launches and GEMM (:func:`_factorize_pays`); ``"on"`` wherever it can
+#: compute the call (any size, the CPU too: the tests); ``"off"`` never.  The
+#: environment variable ``PYG_DFGNN_FACTORIZE`` sets it at import (A/B runs of
+#: the bench).
 FACTORIZE = [os.environ.get("PYG_DFGNN_FACTORIZE", "auto")]
 if FACTORIZE[0] not in ("auto", "on", "off"):
     raise ValueError(f"PYG_DFGNN_FACTORIZE must be 'auto', 'on' or 'off', got {FACTORIZE[0]!r}")
@@ -54,6 +55,27 @@ if FACTORIZE[0] not in ("auto", "on", "off"):
 
 #: the dtypes it takes (the tests add float64)
 _FACTORIZE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+#: the gathered bytes per call the aggregate-then-project forward must save
+#: for ``"auto"`` to take it (:func:`_factorize_pays`)
+FACTORIZE_MIN_SAVED_BYTES = 450e6
+
+
+def _factorize_pays(edges: int, heads: int, chans: int, fin: int, elem: int) -> bool:
+    r"""Whether ``"auto"`` takes the aggregate-then-project forward for a call
+    of ``edges`` edges, ``heads`` x ``chans``, ``fin`` input features and
+    elements of ``elem`` bytes.  Per edge and head the one-op forward gathers
+    a key and a value row (``2 chans`` elements), the factorized one the
+    input row (``fin``), so it saves :math:`E H (2C - D)` elements against a
+    few more launches (the folded query GEMM, the value GEMM over the heads)
+    that cost about the same whatever the size.  Synchronised eval calls on
+    an H200 (docs/KERNELS.md, session 46) crossed over between 400 and 490 MB
+    saved: PATTERN batches of 128 graphs (764k edges) at 4 x 64 fp32 (782 MB)
+    0.92x the one-op time and at 2 x 128 0.72x (fp32, 1.17 GB) / 0.79x (bf16,
+    587 MB), but 4 x 64 bf16 (391 MB) 1.10x; 20k nodes / 320k edges at 4 x 64
+    bf16 (164 MB) 1.16x, 2 x 128 fp32 (492 MB) 0.88x; 1 x 64 bf16 on the 100k
+    graphs (180-205 MB) 1.06-1.08x."""
+    return edges * heads * (2 * chans - fin) * elem >= FACTORIZE_MIN_SAVED_BYTES
 
 
 def _empty_rows(g) -> Optional[Tensor]:
@@ -264,10 +286,10 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
         parameter in its dtype and on its device, no attention dropout (eval
         mode or ``dropout=0``), no autocast, concatenated heads, no ``beta``,
         no edge features, plain linear maps (no hooks) and an ``edge_index``
-        tensor; in ``"auto"`` mode only on GPU-bound CUDA calls with
-        ``in_channels <= out_channels`` and 16-byte input rows (e.g. 4 x 64
-        on 64 input features: 256 bytes of ``x`` per edge instead of 2 KiB of
-        keys and values in fp32)."""
+        tensor; in ``"auto"`` mode only on CUDA calls with ``in_channels <=
+        out_channels`` and 16-byte input rows (e.g. 4 x 64 on 64 input
+        features: 256 bytes of ``x`` per edge instead of 2 KiB of keys and
+        values in fp32) large enough that this pays (:func:`_factorize_pays`)."""
         mode = FACTORIZE[0]
         # (not with autograd: through this composition a forward+backward took
         # 1.8-1.9x the one-op path's time and 1.47x its memory, 4 x 64 fp32 on
@@ -276,7 +298,9 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
             return None
         H, C = self.heads, self.out_channels
         if mode == "auto" and not (x.dim() == 2 and x.size(1) <= C and x.is_cuda
-                                   and gpu_bound(x.size(0), H, C)):
+                                   and isinstance(edge_index, Tensor) and edge_index.dim() == 2
+                                   and _factorize_pays(edge_index.size(1), H, C, x.size(1),
+                                                       x.element_size())):
             return None   # (first: the host-bound calls it leaves pay least)
         if not self._layer_op_applies([True], x, edge_index, cpu=mode == "on",
                                       dtypes=_FACTORIZE_DTYPES):

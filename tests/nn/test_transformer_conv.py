@@ -435,10 +435,31 @@ def test_aggregate_then_project_against_float64_cuda(kw, dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("heads,chans,fin", [(4, 64, 64), (1, 256, 64), (2, 128, 32)])
 def test_aggregate_then_project_auto_on_gpu_bound_calls(heads, chans, fin, dtype, monkeypatch):
-    """``"auto"`` takes it on a GPU-bound call whose input rows are no wider
-    than a head (4 x 64 on 64 features: the bench's 4 x 64 shape)."""
+    """``"auto"`` takes it on a call whose input rows are no wider than a head
+    (4 x 64 on 64 features: the bench's 4 x 64 shape) and whose gathered
+    bytes saved pass ``FACTORIZE_MIN_SAVED_BYTES`` (the helper's graph: 8
+    edges per node, every 7th destination without edges; 30 % above)."""
+    from pyg_dfgnn.nn import transformer_conv as tc
+    per_edge = heads * (2 * chans - fin) * torch.finfo(dtype).bits // 8
+    nodes = int(1.3 * tc.FACTORIZE_MIN_SAVED_BYTES / (per_edge * 8 * 6 / 7)) + 1
     check_aggregate_then_project(dict(in_channels=fin, out_channels=chans, heads=heads), "cuda",
-                                 dtype, 20000, "auto", monkeypatch)
+                                 dtype, nodes, "auto", monkeypatch)
+
+
+def test_factorize_pays_at_the_measured_crossover():
+    """``"auto"``'s rule against the synchronised eval calls it was read from
+    (H200, docs/KERNELS.md, session 46: the factorized / one-op time in
+    brackets): E H (2C - D) bytes saved of at least 450 MB."""
+    from pyg_dfgnn.nn.transformer_conv import _factorize_pays as pays
+    pattern, small, uniform = 763502, 320000, 1600000
+    assert pays(pattern, 4, 64, 64, 4)          # PATTERN x128 4x64 fp32 (0.92x)
+    assert not pays(pattern, 4, 64, 64, 2)      # ... bf16 (1.10x)
+    assert pays(pattern, 2, 128, 64, 2)         # ... 2x128 bf16 (0.79x)
+    assert not pays(small, 4, 64, 64, 2)        # 20k nodes 4x64 bf16 (1.16x)
+    assert pays(small, 2, 128, 64, 4)           # ... 2x128 fp32 (0.88x)
+    assert not pays(uniform, 1, 64, 64, 2)      # uniform 100k 1x64 bf16 (1.08x)
+    assert pays(uniform, 4, 64, 64, 2)          # ... 4x64 bf16 (0.89x)
+    assert not pays(uniform, 8, 19, 64, 4)      # input rows wider than 2C: never
 
 
 @pytest.mark.cuda
@@ -463,7 +484,10 @@ def test_aggregate_then_project_auto_only_where_it_pays(monkeypatch):
     from pyg_dfgnn.nn import transformer_conv as tc
     from ._equiv import record_results
     calls = record_results(monkeypatch, tc, "_aggregate_then_project")
-    for nodes, fin, heads, chans in ((600, 64, 4, 64), (20000, 64, 8, 19), (20000, 72, 4, 64)):
+    # (20000 nodes at 4 x 64, 80k edges: GPU-bound by nn/_padded.py's rule,
+    # which auto used before session 46, but 82 MB saved)
+    for nodes, fin, heads, chans in ((600, 64, 4, 64), (20000, 64, 4, 64), (20000, 64, 8, 19),
+                                     (20000, 72, 4, 64)):
         conv = TransformerConv(fin, chans, heads=heads).cuda().eval()
         ei = random_edge_index(nodes, nodes, 4 * nodes, device="cuda")
         with torch.no_grad():
