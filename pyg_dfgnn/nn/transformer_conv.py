@@ -69,12 +69,14 @@ def _factorize_pays(edges: int, heads: int, chans: int, fin: int, elem: int) -> 
     input row (``fin``), so it saves :math:`E H (2C - D)` elements against a
     few more launches (the folded query GEMM, the value GEMM over the heads)
     that cost about the same whatever the size.  Synchronised eval calls on
-    an H200 (docs/KERNELS.md, session 46) crossed over between 400 and 490 MB
-    saved: PATTERN batches of 128 graphs (764k edges) at 4 x 64 fp32 (782 MB)
-    0.92x the one-op time and at 2 x 128 0.72x (fp32, 1.17 GB) / 0.79x (bf16,
-    587 MB), but 4 x 64 bf16 (391 MB) 1.10x; 20k nodes / 320k edges at 4 x 64
-    bf16 (164 MB) 1.16x, 2 x 128 fp32 (492 MB) 0.88x; 1 x 64 bf16 on the 100k
-    graphs (180-205 MB) 1.06-1.08x."""
+    an H200 (docs/KERNELS.md, session 46) lost up to 397 MB saved and gained
+    from 492 MB: PATTERN batches of 128 graphs (764k edges) at 4 x 64 fp32
+    (782 MB) 0.92x the one-op time and at 2 x 128 0.72x (fp32, 1.17 GB) /
+    0.79x (bf16, 587 MB), but 4 x 64 bf16 (391 MB) 1.10x; 20k nodes / 320k
+    edges at 4 x 64 bf16 (164 MB) 1.16x, 2 x 128 fp32 (492 MB) 0.88x; 1 x 64
+    bf16 on the 100k graphs (180-205 MB) 1.06-1.08x.  In between, 1 x 64 fp32
+    on the 100k graphs (358-410 MB) gained 3-7 %, which this threshold gives
+    up."""
     return edges * heads * (2 * chans - fin) * elem >= FACTORIZE_MIN_SAVED_BYTES
 
 
