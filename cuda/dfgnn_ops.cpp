@@ -869,7 +869,7 @@ std::tuple<at::Tensor, at::Tensor> stack_pad_maps(at::TensorList ws,
 }
 
 // x W^T (+ b) as [N, H, W] (W: the width of w's heads)
-// (may_split: as affines'; false for GATv2's projections)
+// (may_split: as affines'; false for GATv2's projections where a gradient is recorded)
 at::Tensor heads_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t H,
                         int64_t W, bool may_split = true) {
   return affines(x, {w}, {b}, may_split)[0].view({x.size(0), H, W});
@@ -1249,31 +1249,50 @@ struct Gatv2Fwd {
 Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional<at::Tensor>& bl,
                        const optional<at::Tensor>& wr, const optional<at::Tensor>& br,
                        const at::Tensor& att, const LayerGraph& g, int64_t H, int64_t C,
-                       int64_t W) {
+                       int64_t W, bool may_split) {
   Gatv2Fwd f;
-  // (GATv2's projections keep cuBLAS' fp32 GEMM in every fp32 GEMM mode,
-  // heads_affine's `may_split` (fp32_gemm.cu): its gradients jump where z_ij =
+  // (may_split: affines' (fp32_gemm.cu), true only where no gradient is
+  // recorded (gatv2_layer_nograd).  Where one is, GATv2's projections keep
+  // cuBLAS' fp32 GEMM in every fp32 GEMM mode: its gradients jump where z_ij =
   // x_l,j + x_r,i crosses 0 (LeakyReLU'), and the split GEMM's larger rounding
   // moved more edges across it: the layer bench's 4 x 64 fp32 gradient error
-  // 3.5e-3 against PyG's own 1.5e-3, H200, docs/KERNELS.md, session 45)
+  // 3.5e-3 against PyG's own 1.5e-3, H200, docs/KERNELS.md, session 45.  The
+  // output itself is continuous in x_l and x_r: the split's rounding moves it
+  // by as little as the Transformer's and GAT's, session 46)
+  // the maps in the kernels' width W: where both are padded (and both or
+  // neither have a bias), in one launch, each map its own rows (the values of
+  // padded_projection's, one launch fewer; the second map's rows 16-byte
+  // aligned, as cuBLAS sees a weight of its own); else each alone.  One
+  // affines() call: split, x is split once for both.
+  std::vector<at::Tensor> ws, bs;
   if (wr.has_value() && W != C && bl.has_value() == br.has_value() &&
       (H * W * wl.size(1) * (int64_t)wl.element_size()) % 16 == 0) {
-    // both weights (and biases) padded in one launch, each map its own GEMM
-    // over its rows (the values of padded_projection's, one launch fewer; the
-    // second map's rows 16-byte aligned, as cuBLAS sees a weight of its own)
     at::Tensor wp, bp;
     std::tie(wp, bp) = stack_pad_maps({wl, *wr}, {bl, br}, H, C, W);
     const int64_t w = H * W;
-    auto proj = [&](int64_t i, at::Tensor& y, at::Tensor& wi) {
-      wi = wp.narrow(0, i * w, w);
-      y = heads_affine(x, wi, bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor(), H, W, false);
-    };
-    proj(0, f.xl, f.wlp);
-    proj(1, f.xr, f.wrp);
+    for (int64_t i = 0; i < 2; ++i) {
+      ws.push_back(wp.narrow(0, i * w, w));
+      bs.push_back(bl.has_value() ? bp.narrow(0, i * w, w) : at::Tensor());
+    }
   } else {
-    std::tie(f.xl, f.wlp) = padded_projection(x, wl, bl, H, C, W, false);
-    if (wr.has_value()) std::tie(f.xr, f.wrp) = padded_projection(x, *wr, br, H, C, W, false);
-    else f.xr = f.xl;
+    auto add = [&](const at::Tensor& w, const optional<at::Tensor>& b) {
+      at::Tensor wp = w, bp = opt(b);
+      if (W != C) std::tie(wp, bp) = stack_pad_maps({w}, {b}, H, C, W);
+      ws.push_back(wp);
+      bs.push_back(bp);
+    };
+    add(wl, bl);
+    if (wr.has_value()) add(*wr, br);
+  }
+  const std::vector<at::Tensor> ys = affines(x, ws, bs, may_split);
+  const int64_t N = x.size(0);
+  f.xl = ys[0].view({N, H, W});
+  f.wlp = ws[0];
+  if (wr.has_value()) {
+    f.xr = ys[1].view({N, H, W});
+    f.wrp = ws[1];
+  } else {
+    f.xr = f.xl;
   }
   const at::Tensor a = att.dim() == 3 ? att.select(0, 0) : att;   // (PyG's [1, H, C])
   f.attp = a;
@@ -1307,7 +1326,7 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
                                const optional<at::Tensor>& bias, const LayerGraph* g, int64_t H,
                                int64_t C, int64_t W, bool gemv_proj, bool gemv_bias,
                                bool keep_attn) {
-    Gatv2Fwd f = gatv2_forward(x, wl, bl, wr, br, att, *g, H, C, W);
+    Gatv2Fwd f = gatv2_forward(x, wl, bl, wr, br, att, *g, H, C, W, false);
     const at::Tensor out = gatv2_epilogue(f.out, bias, C);
     const at::Tensor flat = flat_alias(out);
     const DeltaSource ds = delta_source(out, f.out, keep_attn);
@@ -1385,8 +1404,8 @@ struct Gatv2LayerFn : public torch::autograd::Function<Gatv2LayerFn> {
 at::Tensor gatv2_layer_nograd(DFGNN_GATV2_LAYER_PARAMS) {
   const LayerGraph g = DFGNN_LAYER_GRAPH(1.0, slope);
   return flat_heads(
-      gatv2_epilogue(gatv2_forward(x, wl, bl, wr, br, att, g, heads, chans, width).out, bias,
-                     chans));
+      gatv2_epilogue(gatv2_forward(x, wl, bl, wr, br, att, g, heads, chans, width, true).out,
+                     bias, chans));
 }
 
 // out [N, H * C]

@@ -143,11 +143,12 @@ def test_layer_op_against_float64(kw):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kw", [dict(heads=8, out_channels=19), dict(heads=4, out_channels=64)])
 def test_layer_op_projections_stay_ieee(kw, monkeypatch, deterministic):
-    """GATv2's projections run cuBLAS' fp32 GEMM in every fp32 matmul mode
-    (``ops.fp32_matmul``; cuda/dfgnn_ops.cpp, gatv2_forward: its gradients
-    jump where z crosses 0, and the split GEMM's rounding moved more edges
-    across it): output and gradients bit-equal under "split" and "ieee", on
-    GPU-bound calls (padded heads) too (deterministic backward)."""
+    """On calls that record gradients GATv2's projections run cuBLAS' fp32
+    GEMM in every fp32 matmul mode (``ops.fp32_matmul``; cuda/dfgnn_ops.cpp,
+    gatv2_forward: its gradients jump where z crosses 0, and the split GEMM's
+    rounding moved more edges across it): output and gradients bit-equal
+    under "split" and "ieee", on GPU-bound calls (padded heads) too
+    (deterministic backward)."""
     from pyg_dfgnn.data import pattern_like_batch
     from pyg_dfgnn.nn import _padded
     from pyg_dfgnn.ops import fp32_matmul
@@ -168,6 +169,56 @@ def test_layer_op_projections_stay_ieee(kw, monkeypatch, deterministic):
             res.append([out.detach(), xs.grad] + [p.grad for p in conv.parameters()])
         for a, b in zip(*res):
             assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kw", [dict(heads=4, out_channels=64),
+                                dict(heads=8, out_channels=19),
+                                dict(heads=8, out_channels=19, share_weights=True),
+                                dict(heads=2, out_channels=16, bias=False)],
+                         ids=["4x64", "8x19", "8x19-shared", "2x16-nobias"])
+def test_nograd_forward_split_fp32_against_float64(kw, monkeypatch):
+    """Without autograd the projections may run split on the bf16 tensor
+    cores (``ops.fp32_matmul("split")``; the output is continuous in them,
+    unlike the gradients): the forward against PyG's layer in float64 on a
+    PATTERN batch, within 6x PyG's fp32 error (the split GEMM's 6 K + 3
+    accumulated terms) + 4 fp32 roundings of the output's scale, on plain and
+    GPU-bound calls (padded heads: both maps padded in one launch, or one);
+    the split ran (the output differs from "ieee"'s)."""
+    from pyg_dfgnn.data import pattern_like_batch
+    from pyg_dfgnn.nn import _padded
+    from pyg_dfgnn.ops import fp32_matmul
+    gen = torch.Generator().manual_seed(kw["heads"] * kw["out_channels"])
+    ei = pattern_like_batch(6, seed=2).edge_index.cuda()
+    n = int(ei.max()) + 1
+    ref = pyg_nn.GATv2Conv(F_IN, **kw).double()
+    with torch.no_grad():
+        for p in ref.parameters():   # (scale 1: scores of order ten, far from uniform)
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    state = {k: v.float() for k, v in ref.state_dict().items()}
+    ref.load_state_dict({k: v.double() for k, v in state.items()})   # (the rounded weights)
+    low = pyg_nn.GATv2Conv(F_IN, **kw).cuda()
+    ours = GATv2Conv(F_IN, **kw).cuda()
+    low.load_state_dict(state)
+    ours.load_state_dict(state)
+    x = torch.randn(n, F_IN, generator=gen).cuda()
+    ref = ref.cuda()
+    u = torch.finfo(torch.float32).eps
+    for bound in (False, True):
+        if bound:
+            monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+        with torch.no_grad():
+            want = ref(x.double(), ei)
+            base = low(x, ei)
+            outs = {}
+            for mode in ("split", "ieee"):
+                with fp32_matmul(mode):
+                    outs[mode] = ours(x, ei)
+        err = float((outs["split"].double() - want).abs().max())
+        err_pyg = float((base.double() - want).abs().max())
+        assert err <= 6.0 * err_pyg + 4 * u * float(want.abs().max()), (bound, err, err_pyg)
+        assert not torch.equal(outs["split"], outs["ieee"]), bound
 
 
 @pytest.mark.cuda
