@@ -31,7 +31,8 @@
 // maps on one x, whose X' is formed once.  Users (dfgnn_ops.cpp): the
 // Transformer's q / k / v (and its skip where the backward does not recompute
 // it), GAT's projection, the Transformer's aggregate-then-project GEMMs
-// (dfgnn_C::linears); not GATv2's (gatv2_forward says why), nor any backward GEMM
+// (dfgnn_C::linears), GATv2's where no gradient is recorded (gatv2_forward
+// says why not otherwise); no backward GEMM
 // (their operands are the [N, H W] gradients: a split would write 3x their
 // bytes).  Where the split does not pay
 // (a small product: host time, see kSplitMinFma) or cannot run (not fp32,

@@ -50,8 +50,9 @@ BACKWARD_MODES = ("store", "recompute", "auto")
 #: that of the fp32 accumulation: ~3-4x cuBLAS' fp32 GEMM's, against 1000x for
 #: TF32); ``auto`` splits where the product N x K x M reaches 2^30 (the
 #: 100k-node graphs; PATTERN's batches are host-bound and keep ``ieee``) on
-#: sm_80 and newer.  Split: the Transformer's and GAT's forward projections;
-#: GATv2's and the backward's GEMMs stay ``ieee`` in every mode
+#: sm_80 and newer.  Split: the Transformer's and GAT's forward projections,
+#: GATv2's in calls that record no gradient; GATv2's with autograd and the
+#: backward's GEMMs stay ``ieee`` in every mode
 FP32_MATMUL_MODES = ("ieee", "auto", "split")
 
 
