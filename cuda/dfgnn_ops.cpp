@@ -791,14 +791,6 @@ at::Tensor ones_like_rows(const at::Tensor& like, int64_t n) {
   return ones.narrow(0, 0, n);
 }
 
-// x W^T (+ b): one GEMM, the bias through cuBLAS' epilogue (addmm), as the
-// layers' linear maps compute it; an undefined or empty b (stack_pad_heads'
-// placeholder where there are no biases) is none
-// (fp32 on the bf16 tensor cores where that pays: fp32_gemm.cu, affines)
-at::Tensor affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return affines(x, {w}, {b})[0];
-}
-
 at::Tensor column_sum(const at::Tensor& g2, bool gemv) {
   return gemv ? at::mv(g2.t(), ones_like_rows(g2, g2.size(0))) : g2.sum(0);
 }
@@ -868,20 +860,21 @@ std::tuple<at::Tensor, at::Tensor> stack_pad_maps(at::TensorList ws,
   return stack_pad_heads(ws, b, H, C, W);
 }
 
-// x W^T (+ b) as [N, H, W] (W: the width of w's heads)
-// (may_split: as affines'; false for GATv2's projections where a gradient is recorded)
-at::Tensor heads_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t H,
-                        int64_t W, bool may_split = true) {
-  return affines(x, {w}, {b}, may_split)[0].view({x.size(0), H, W});
+// a map's weight (and bias, or an undefined tensor) with each head's rows
+// zero-padded from C to W (as they are where W = C)
+std::tuple<at::Tensor, at::Tensor> padded_map(const at::Tensor& w, const optional<at::Tensor>& b,
+                                              int64_t H, int64_t C, int64_t W) {
+  if (W == C) return {w, opt(b)};
+  return stack_pad_maps({w}, {b}, H, C, W);
 }
 
 // x W^T (+ b) in the padded width, [N, H, W], with its padded weight
 std::pair<at::Tensor, at::Tensor> padded_projection(const at::Tensor& x, const at::Tensor& w,
                                                     const optional<at::Tensor>& b, int64_t H,
-                                                    int64_t C, int64_t W, bool may_split = true) {
-  at::Tensor wp = w, bp = opt(b);
-  if (W != C) std::tie(wp, bp) = stack_pad_maps({w}, {b}, H, C, W);
-  return {heads_affine(x, wp, bp, H, W, may_split), wp};
+                                                    int64_t C, int64_t W) {
+  at::Tensor wp, bp;
+  std::tie(wp, bp) = padded_map(w, b, H, C, W);
+  return {affines(x, {wp}, {bp})[0].view({x.size(0), H, W}), wp};
 }
 
 // ------------------------------------------------------------------ GAT layer
@@ -1047,7 +1040,9 @@ at::Tensor transformer_layer_nograd(const at::Tensor& x, at::TensorList ws, at::
                                     const LayerGraph& g, int64_t H, int64_t C, int64_t W) {
   at::Tensor wp, bp;
   std::tie(wp, bp) = stack_pad_heads(ws, bs, H, C, W);
-  const at::Tensor y = affine(x, wp, bp);
+  // (bp: stack_pad_heads' empty placeholder where there are no biases, which
+  // affines takes as none)
+  const at::Tensor y = affines(x, {wp}, {bp})[0];
   const at::Tensor q = block(y, 0, H, W), k = block(y, 1, H, W), v = block(y, 2, H, W);
   if (ws.size() < 4) return heads_out(std::get<0>(layer_attention_fwd(2, g, q, k, v, {})), C);
   const at::Tensor skip = block(y, 3, H, W).narrow(2, 0, C);
@@ -1259,11 +1254,11 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
   // 3.5e-3 against PyG's own 1.5e-3, H200, docs/KERNELS.md, session 45.  The
   // output itself is continuous in x_l and x_r: the split's rounding moves it
   // by as little as the Transformer's and GAT's, session 46)
-  // the maps in the kernels' width W: where both are padded (and both or
+  // The maps in the kernels' width W: where both are padded (and both or
   // neither have a bias), in one launch, each map its own rows (the values of
-  // padded_projection's, one launch fewer; the second map's rows 16-byte
-  // aligned, as cuBLAS sees a weight of its own); else each alone.  One
-  // affines() call: split, x is split once for both.
+  // padded_map's, one launch fewer; the second map's rows 16-byte aligned, as
+  // cuBLAS sees a weight of its own); else each by padded_map.  One affines()
+  // call: split, x is split once for both.
   std::vector<at::Tensor> ws, bs;
   if (wr.has_value() && W != C && bl.has_value() == br.has_value() &&
       (H * W * wl.size(1) * (int64_t)wl.element_size()) % 16 == 0) {
@@ -1276,8 +1271,8 @@ Gatv2Fwd gatv2_forward(const at::Tensor& x, const at::Tensor& wl, const optional
     }
   } else {
     auto add = [&](const at::Tensor& w, const optional<at::Tensor>& b) {
-      at::Tensor wp = w, bp = opt(b);
-      if (W != C) std::tie(wp, bp) = stack_pad_maps({w}, {b}, H, C, W);
+      at::Tensor wp, bp;
+      std::tie(wp, bp) = padded_map(w, b, H, C, W);
       ws.push_back(wp);
       bs.push_back(bp);
     };

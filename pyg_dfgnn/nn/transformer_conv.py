@@ -300,14 +300,13 @@ class TransformerConv(FusedAttentionMixin, _PyGTransformerConv):
             return None
         H, C = self.heads, self.out_channels
         if mode == "auto" and not (x.dim() == 2 and x.size(1) <= C and x.is_cuda
+                                   and (x.size(1) * x.element_size()) % 16 == 0
                                    and isinstance(edge_index, Tensor) and edge_index.dim() == 2
                                    and _factorize_pays(edge_index.size(1), H, C, x.size(1),
                                                        x.element_size())):
             return None   # (first: the host-bound calls it leaves pay least)
         if not self._layer_op_applies([True], x, edge_index, cpu=mode == "on",
                                       dtypes=_FACTORIZE_DTYPES):
-            return None
-        if mode == "auto" and (x.size(1) * x.element_size()) % 16:
             return None
         lins = self._projection_maps(x)
         if lins is None:
