@@ -1091,6 +1091,127 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_kernel(const Params<T, I
   write_row<T, I, VEC>(p, g, ft, it, sm.m, sm.l, sm.acc);
 }
 
+// ------------------------------------------------------- lean dot forward
+// The dot-like forward (dot attention, AGNN) of a call without edge features
+// or dropout whose heads fit one tile (a launch column): fwd_kernel's
+// arithmetic in the same order -- the same lane slices, butterflies, online
+// softmax and epilogue, so its output and lse are fwd_kernel's bit for bit
+// (tests/ops/test_lean_forward.py) -- without the code of what such a call
+// does not have.  ncu on an H200 (docs/KERNELS.md, session 47) had
+// fwd_kernel's fp32 4 x 64 dot forward issue-bound (66 % of issue slots,
+// ~250 warp instructions per edge for 8 features per lane): a group size
+// known only at run time made every butterfly a loop with a convergence check
+// per step (the shuffles' lane mask is the group's), and the edge-feature,
+// wide-tile, dropout and permutation paths sat in every batch.  Here every
+// lane of a warp walks the warp's largest batch count, so the butterflies
+// run on the full warp mask, unrolled; batches past a group's end load
+// nothing and leave its softmax state alone; the rescale is skipped where the
+// batch does not raise the row's max (multiplying by expf(0) = 1 is exact).
+// (every step's shuffle runs on every lane, steps at or above G add nothing:
+// a shuffle under a branch on G compiled to a convergence check per step)
+__device__ __forceinline__ float warp_group_sum(float v, int G) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    if (o < G) v += u;
+  }
+  return v;
+}
+
+// SAME: the keys are the values (AGNN, or dot attention's k and v one tensor):
+// one row loaded per edge.
+template <int KIND, bool SAME, typename T, typename I, int VEC>
+__device__ __forceinline__ void fwd_lean_edges(const Params<T, I>& p, const Feat<VEC>& ft,
+                                               const Item& it, int64_t trips,
+                                               const float (&q)[kChunks<VEC>][kW<VEC>],
+                                               Softmax<VEC>& sm) {
+  constexpr int B = kBatch<KIND, T>;
+  using R = typename Packed<T, VEC>::R;
+  const int64_t h = it.h;
+  const T* kb = p.src + h * p.hs_src;
+  const T* vb = p.val + h * p.hs_val;
+  // the lane's chunk offsets as 32-bit numbers (a head's row is short), held
+  // in registers: the compiler re-derived Feat's from the lane id and the
+  // tile bounds in every batch (~12 instructions per chunk and edge), which
+  // the empty asm (an opaque definition) rules out
+  int fo[kChunks<VEC>];
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c) {
+    fo[c] = ft.f[c] >= 0 ? (int)ft.f[c] : -1;
+    asm volatile("" : "+r"(fo[c]));
+  }
+  auto load = [&](const T* row, Packed<T, VEC>& x) {
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c)
+      x.r[c] = fo[c] >= 0 ? __ldg(reinterpret_cast<const R*>(row + fo[c])) : R{};
+  };
+  for (int64_t k = 0; k < trips; ++k) {
+    const int64_t base = it.begin + k * B;
+    const int n = (int)imin(B, it.end - base);   // <= 0 past the group's end
+    int64_t j[B];
+#pragma unroll
+    for (int t = 0; t < B; ++t) j[t] = t < n ? (int64_t)p.col[base + t] : 0;
+    Packed<T, VEC> v[B], kr[SAME ? 1 : B];
+    float c[KIND == AGNN ? B : 1];
+#pragma unroll
+    for (int t = 0; t < B; ++t) {
+      if (t < n) load(vb + j[t] * p.ld_val, v[t]);
+      else zero_packed<T, VEC>(v[t]);
+      if constexpr (!SAME) {
+        if (t < n) load(kb + j[t] * p.ld_src, kr[t]);
+        else zero_packed<T, VEC>(kr[t]);
+      }
+      if constexpr (KIND == AGNN) c[t] = t < n ? key_scale<KIND>(p, j[t], h) : 1.f;
+    }
+    float s[B];
+#pragma unroll
+    for (int t = 0; t < B; ++t) {
+      const float part = tile_dot<T, VEC>(q, SAME ? v[t] : kr[SAME ? 0 : t]);
+      if constexpr (KIND == AGNN) s[t] = warp_group_sum(part, p.G) * (p.scale * c[t]);
+      else s[t] = warp_group_sum(part, p.G) * p.scale;
+    }
+    if (n <= 0) continue;   // (no shuffle below)
+    float mx = sm.m;
+#pragma unroll
+    for (int t = 0; t < B; ++t) mx = fmaxf(mx, t < n ? s[t] : -INFINITY);
+    if (mx > sm.m) sm.rescale(mx);
+#pragma unroll
+    for (int t = 0; t < B; ++t) {
+      if (t >= n) break;
+      const float pe = expf(s[t] - sm.m);
+      sm.l += pe;
+      float x[kChunks<VEC>][kW<VEC>];
+      unpack<T, VEC>(v[t], x);
+      sm.add(pe, x);
+    }
+  }
+}
+
+template <int KIND, typename T, typename I, int VEC, int BLOCKS>
+__global__ void __launch_bounds__(kThreads, BLOCKS) fwd_lean_kernel(const Params<T, I> p) {
+  static_assert(dot_like(KIND), "the lean forward is dot attention's and AGNN's");
+  constexpr int B = kBatch<KIND, T>;
+  const Group g(p.G);
+  Item it;
+  const bool live = get_item(p, p.rowptr, it);
+  if (__all_sync(0xffffffffu, !live)) return;
+  if (!live) it.h = it.row = it.begin = it.end = 0;
+  const Feat<VEC> ft(g, 0, p.tile, p.F);
+  float q[kChunks<VEC>][kW<VEC>];
+  if (live) load_tile<T, VEC>(ft, p.dst + it.row * p.ld_dst + it.h * p.F, q);
+  else zero_tile<VEC>(q);
+  // the warp's largest batch count (every lane runs every butterfly)
+  int trips = (int)((it.end - it.begin + B - 1) / B);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) trips = max(trips, __shfl_xor_sync(0xffffffffu, trips, o));
+  Softmax<VEC> sm;
+  const bool same = KIND == AGNN ||
+                    (p.src == p.val && p.ld_src == p.ld_val && p.hs_src == p.hs_val);
+  if (same) fwd_lean_edges<KIND, true, T, I, VEC>(p, ft, it, trips, q, sm);
+  else fwd_lean_edges<KIND, false, T, I, VEC>(p, ft, it, trips, q, sm);
+  if (live) write_row<T, I, VEC>(p, g, ft, it, sm.m, sm.l, sm.acc);
+}
+
 // ------------------------------------------------------------ merges
 // A super row's partials are merged by one block per (merged row, head) of
 // kMergeThreads threads.  Two mappings (session 24, power-law 100k graph,

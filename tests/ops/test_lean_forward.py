@@ -1,0 +1,170 @@
+"""The lean dot-like forward (``fwd_lean_kernel``, cuda/attention_kernels.cuh).
+
+Dot attention's and AGNN's forward without edge features or dropout, whose
+heads fit one launch column, runs a kernel without the code of what such a
+call does not have, with fwd_kernel's arithmetic in the same order.  So its
+output and saved softmax statistics must be fwd_kernel's bit for bit
+(``PYG_DFGNN_LEAN_FWD=0`` runs fwd_kernel everywhere); the statistics are
+compared through the backward, which recomputes alpha from them.  Its
+accuracy against float64 is the float64 tests' (tests/ops/test_cuda_kernels.py,
+tests/nn), which run it wherever it applies.  CUDA only.
+"""
+import pytest
+import torch
+
+from pyg_dfgnn import ops, schedule
+import pyg_dfgnn.graph as graph_mod
+from pyg_dfgnn.graph import get_graph
+from _cases import random_graph
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+#: heads x features: the bench's shapes (8 x 19 runs padded to 20), one head
+#: of 256 (32 lanes), a head wider than one group's tile in half precision
+SHAPES = [(4, 64), (8, 10), (8, 20), (2, 128), (1, 256), (4, 16), (3, 8)]
+CASES = ["dot", "dot_kv_one", "dot_shared_heads", "dot_key_scale", "dot_residual",
+         "dot_strided", "agnn"]
+
+
+def _problem(case, H, F, dtype, gen):
+    """``(graph, call, leaves)``: ``call()`` runs the op on fresh leaves."""
+    ns, nd = 70, 61   # (not a multiple of a warp's groups: lanes without an item)
+    ei = random_graph(ns, nd, 700, super_node=(300, 5), generator=gen).cuda()
+    g = get_graph(ei, (ns, nd))
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to("cuda", dtype)
+    if case == "agnn":
+        x = r(ns, H * F)
+        beta = torch.tensor(0.7, device="cuda")
+        return g, (lambda x, beta: ops.agnn_attention(g, x, beta)[0]), [x, beta]
+    q = r(nd, H, F)
+    if case == "dot_strided":
+        W = H * F   # q, k, v: column blocks of one wider tensor (row stride 3 W + 8)
+        y = r(ns, 3 * W + 8)
+        return g, (lambda y: ops.dot_attention(
+            g, y[:nd, :W].view(nd, H, F), y[:, W:2 * W].view(ns, H, F),
+            y[:, 2 * W:3 * W].view(ns, H, F))[0]), [y]
+    if case == "dot_shared_heads":
+        x = r(ns, F)
+        return g, (lambda q, x: ops.dot_attention(
+            g, q, x.unsqueeze(1).expand(ns, H, F), x.unsqueeze(1).expand(ns, H, F))[0]), [q, x]
+    k, v = r(ns, H, F), r(ns, H, F)
+    if case == "dot_kv_one":
+        return g, (lambda q, k: ops.dot_attention(g, q, k, k)[0]), [q, k]
+    if case == "dot_key_scale":
+        c = r(ns, H).abs() + 0.5
+        return g, (lambda q, k, c: ops.dot_attention(g, q, k, k, key_scale=c)[0]), [q, k, c]
+    if case == "dot_residual":
+        res = r(nd, H, max(F - 3, 1))
+        return g, (lambda q, k, v, res: ops.dot_attention(g, q, k, v, residual=res)[0]), \
+            [q, k, v, res]
+    return g, (lambda q, k, v: ops.dot_attention(g, q, k, v)[0]), [q, k, v]
+
+
+def _run(fn, leaves, gout_gen):
+    xs = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in leaves]
+    out = fn(*xs)
+    gout = torch.randn(out.shape, generator=gout_gen, dtype=torch.float64).to(out)
+    grads = torch.autograd.grad(out, [t for t in xs if t.requires_grad], gout)
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("split", [None, 16])
+@pytest.mark.parametrize("H,F", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_lean_forward_equals_fwd_kernel(case, dtype, H, F, split, monkeypatch):
+    """Output and every gradient (recomputed from the saved statistics) equal
+    to fwd_kernel's, on a graph with a super row, an isolated row and items
+    that leave lanes of the last warp without a row; ``split=16`` cuts rows
+    longer than 16 edges into segments merged after the kernel."""
+    gen = torch.Generator().manual_seed(CASES.index(case) * 1000 + H * 100 + F)
+    g, fn, leaves = _problem(case, H, F, dtype, gen)
+    got = {}
+    for lean in ("1", "0"):
+        monkeypatch.setenv("PYG_DFGNN_LEAN_FWD", lean)
+        torch.cuda.synchronize()
+        with schedule.override(split=split):
+            got[lean] = _run(fn, leaves, torch.Generator().manual_seed(1))
+    (o1, g1), (o0, g0) = got["1"], got["0"]
+    assert torch.isfinite(o1).all()
+    assert torch.equal(o1, o0)
+    for a, b in zip(g1, g0):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 16, 32])
+def test_lean_forward_at_every_group_size(group, monkeypatch):
+    """Forced lanes per (row, head): warps of several rows (1, 2, 4 lanes:
+    the warp walks its longest row's batches) and one group per warp."""
+    gen = torch.Generator().manual_seed(group)
+    g, fn, leaves = _problem("dot", 8, 16, torch.float32, gen)
+    got = {}
+    for lean in ("1", "0"):
+        monkeypatch.setenv("PYG_DFGNN_LEAN_FWD", lean)
+        with schedule.override(group=group):
+            got[lean] = _run(fn, leaves, torch.Generator().manual_seed(1))
+    assert torch.equal(got["1"][0], got["0"][0])
+    for a, b in zip(got["1"][1], got["0"][1]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_forward_with_int64_indices(dtype, monkeypatch):
+    """The kernels' int64 instantiation (graphs past int32 indices), forced
+    on a small graph."""
+    monkeypatch.setattr(graph_mod, "_INT32_MAX", 16)
+    gen = torch.Generator().manual_seed(5)
+    g, fn, leaves = _problem("dot", 4, 64, dtype, gen)
+    assert g.col.dtype == torch.int64
+    got = {}
+    for lean in ("1", "0"):
+        monkeypatch.setenv("PYG_DFGNN_LEAN_FWD", lean)
+        got[lean] = _run(fn, leaves, torch.Generator().manual_seed(1))
+    assert torch.equal(got["1"][0], got["0"][0])
+
+
+def _kernels(fn):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if e.device_type.name == "CUDA"]
+
+
+def test_lean_forward_runs_where_it_applies():
+    """Which forward kernel a call launches: the lean one for dot attention
+    and AGNN without edge features or dropout; fwd_kernel with edge features,
+    with dropout in training, for GAT, and under ``PYG_DFGNN_LEAN_FWD=0``."""
+    gen = torch.Generator().manual_seed(3)
+    ns = 50
+    ei = random_graph(ns, ns, 300, generator=gen).cuda()
+    g = get_graph(ei, (ns, ns))
+    q, k, v = (torch.randn(ns, 4, 16, generator=gen).cuda() for _ in range(3))
+    e = torch.randn(ei.size(1), 4, 16, generator=gen).cuda()
+    x = torch.randn(ns, 32, generator=gen).cuda()
+
+    def lean_ran(fn):
+        names = _kernels(fn)
+        fwd = [n for n in names if "fwd_lean_kernel" in n or "fwd_kernel<" in n]
+        assert len(fwd) == 1, names
+        return "fwd_lean_kernel" in fwd[0]
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v))
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.0))
+    assert lean_ran(lambda: ops.agnn_attention(g, x, 1.0))
+    assert not lean_ran(lambda: ops.dot_attention(g, q, k, v, e))
+    assert not lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.3))
+    a = torch.randn(ns, 4, generator=gen).cuda()
+    assert not lean_ran(lambda: ops.gat_attention(g, v, a, a))
+    import os
+    old = os.environ.get("PYG_DFGNN_LEAN_FWD")
+    os.environ["PYG_DFGNN_LEAN_FWD"] = "0"
+    try:
+        assert not lean_ran(lambda: ops.dot_attention(g, q, k, v))
+    finally:
+        if old is None:
+            del os.environ["PYG_DFGNN_LEAN_FWD"]
+        else:
+            os.environ["PYG_DFGNN_LEAN_FWD"] = old
