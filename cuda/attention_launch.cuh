@@ -231,7 +231,7 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
   return p;
 }
 
-// The lean dot-like forward (fwd_lean_kernel) where it applies, unless
+// The lean forward of vector scores (fwd_lean_kernel) where it applies, unless
 // PYG_DFGNN_LEAN_FWD=0 (fwd_kernel everywhere: for A/B runs and the tests that
 // compare the two).
 inline bool lean_forward_request() {
@@ -262,13 +262,14 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     p.part_l = p.part_m + sc.slots * p.H;
   }
   if (p.num_items > 0) {
-    // (dot-like calls without edge features or dropout whose heads fit one
-    // launch column: the lean forward, the same results bit for bit)
-    const bool lean = dot_like(KIND) && l.grid.y == 1 && !p.edge && !(p.drop_p > 0.f) &&
+    // (vector scores without edge features or dropout, heads in one launch
+    // column: the lean forward, the same results bit for bit)
+    constexpr bool kLean = KIND != GAT;
+    const bool lean = kLean && l.grid.y == 1 && !p.edge && !(p.drop_p > 0.f) &&
                       lean_forward_request();
     with_blocks<kFwdBlocks<KIND, T, VEC>, kFwdBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
-          if constexpr (dot_like(KIND)) {
+          if constexpr (kLean) {
             if (lean) {
               fwd_lean_kernel<KIND, T, I, VEC, decltype(b)::value>
                   <<<l.grid, kThreads, 0, stream>>>(p);

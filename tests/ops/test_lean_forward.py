@@ -1,6 +1,6 @@
-"""The lean dot-like forward (``fwd_lean_kernel``, cuda/attention_kernels.cuh).
+"""The lean forward of vector scores (``fwd_lean_kernel``, cuda/attention_kernels.cuh).
 
-Dot attention's and AGNN's forward without edge features or dropout, whose
+Dot attention's, AGNN's and GATv2's forward without edge features or dropout, whose
 heads fit one launch column, runs a kernel without the code of what such a
 call does not have, with fwd_kernel's arithmetic in the same order.  So its
 output and saved softmax statistics must be fwd_kernel's bit for bit
@@ -24,7 +24,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: of 256 (32 lanes), a head wider than one group's tile in half precision
 SHAPES = [(4, 64), (8, 10), (8, 20), (2, 128), (1, 256), (4, 16), (3, 8)]
 CASES = ["dot", "dot_kv_one", "dot_shared_heads", "dot_key_scale", "dot_residual",
-         "dot_strided", "agnn"]
+         "dot_strided", "agnn", "gatv2"]
 
 
 def _problem(case, H, F, dtype, gen):
@@ -40,6 +40,9 @@ def _problem(case, H, F, dtype, gen):
         beta = torch.tensor(0.7, device="cuda")
         return g, (lambda x, beta: ops.agnn_attention(g, x, beta)[0]), [x, beta]
     q = r(nd, H, F)
+    if case == "gatv2":
+        xs, att = r(ns, H, F), r(H, F)
+        return g, (lambda xs, xd, att: ops.gatv2_attention(g, xs, xd, att)[0]), [xs, q, att]
     if case == "dot_strided":
         W = H * F   # q, k, v: column blocks of one wider tensor (row stride 3 W + 8)
         y = r(ns, 3 * W + 8)
@@ -135,9 +138,9 @@ def _kernels(fn):
 
 
 def test_lean_forward_runs_where_it_applies():
-    """Which forward kernel a call launches: the lean one for dot attention
-    and AGNN without edge features or dropout; fwd_kernel with edge features,
-    with dropout in training, for GAT, and under ``PYG_DFGNN_LEAN_FWD=0``."""
+    """Which forward kernel a call launches: the lean one for dot attention,
+    AGNN and GATv2 without edge features or dropout; fwd_kernel with edge
+    features, with dropout, for GAT, and under ``PYG_DFGNN_LEAN_FWD=0``."""
     gen = torch.Generator().manual_seed(3)
     ns = 50
     ei = random_graph(ns, ns, 300, generator=gen).cuda()
@@ -156,6 +159,9 @@ def test_lean_forward_runs_where_it_applies():
     assert lean_ran(lambda: ops.agnn_attention(g, x, 1.0))
     assert not lean_ran(lambda: ops.dot_attention(g, q, k, v, e))
     assert not lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.3))
+    att = torch.randn(4, 16, generator=gen).cuda()
+    assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att))
+    assert not lean_ran(lambda: ops.gatv2_attention(g, k, q, att, e))
     a = torch.randn(ns, 4, generator=gen).cuda()
     assert not lean_ran(lambda: ops.gat_attention(g, v, a, a))
     import os
