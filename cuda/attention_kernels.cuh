@@ -1654,6 +1654,176 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
   }
 }
 
+// ------------------------------------------- lean dot-like backward row pass
+// bwd_row_item for dot attention and AGNN on the calls the lean forward takes
+// (no edge features, no dropout, heads in one launch column): the same
+// arithmetic in the same order, so every value it writes (d_q or its split
+// rows' partials, the stored or alpha mode's per-edge arrays, Delta, AGNN's
+// score sums) is bwd_row_kernel's bit for bit (tests/ops/test_lean_forward.py),
+// on the lean forward's warp-uniform batch walk with full-mask butterflies.
+// A nearly saturated row's second sweep (bwd_row_item) runs for the groups
+// that need it while the warp's other groups walk it without loading or
+// changing anything.
+template <int KIND, typename T, typename I, int VEC, int BLOCKS>
+__global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Params<T, I> p) {
+  static_assert(dot_like(KIND), "the lean row pass is dot attention's and AGNN's");
+  constexpr int B = kBatch<KIND, T>;
+  using R = typename Packed<T, VEC>::R;
+  const Group g(p.G);
+  Item it;
+  const bool live = get_item(p, p.rowptr, it);
+  if (__all_sync(0xffffffffu, !live)) return;
+  if (!live) {
+    it.h = it.row = it.begin = it.end = 0;
+    it.slot = -1;
+  }
+  const int64_t h = it.h, row = it.row, slot = it.slot, F = p.F;
+  const Feat<VEC> ft(g, 0, p.tile, F);
+  RowOps<KIND, VEC> r;
+  float dO[kChunks<VEC>][kW<VEC>];
+  float m = 0.f, logl = 0.f, delta = 0.f;
+  if (live) {
+    load_row_ops<KIND, T, I, VEC>(p, ft, row, h, r);
+    load_tile<T, VEC>(ft, p.dout + (row * p.H + h) * F, dO);
+    m = p.lse_in[row * p.H + h];
+    logl = p.lse_l_in[row * p.H + h];
+  } else {
+    zero_tile<VEC>(r.xi);
+    zero_tile<VEC>(dO);
+  }
+  if (p.delta_in) {
+    if (live) delta = p.delta_in[row * p.H + h];
+  } else {   // (bwd_row_item: Delta_i = <dO_i, O_i>)
+    float o[kChunks<VEC>][kW<VEC>];
+    if (live) load_tile<T, VEC>(ft, p.o + (row * p.H + h) * F, o);
+    else zero_tile<VEC>(o);
+    delta = warp_group_sum(tile_dot<VEC>(dO, o), p.G);
+  }
+  // (the lean forward's chunk offsets: see fwd_lean_edges)
+  int fo[kChunks<VEC>];
+#pragma unroll
+  for (int c = 0; c < kChunks<VEC>; ++c) {
+    fo[c] = ft.f[c] >= 0 ? (int)ft.f[c] : -1;
+    asm volatile("" : "+r"(fo[c]));
+  }
+  auto load = [&](const T* rp, Packed<T, VEC>& x) {
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c)
+      x.r[c] = fo[c] >= 0 ? __ldg(reinterpret_cast<const R*>(rp + fo[c])) : R{};
+  };
+  const T* kb = p.src + h * F;   // (the backward's k / v: heads F apart)
+  const T* vb = p.val + h * F;
+  constexpr float kRoundoff = sizeof(T) >= 4 ? 5.96e-8f : (sizeof(T) == 2 && std::is_same<T, c10::Half>::value ? 4.88e-4f : 3.91e-3f);
+  const int my_trips = (int)((it.end - it.begin + B - 1) / B);
+  float acc[kChunks<VEC>][kW<VEC>];
+  zero_tile<VEC>(acc);   // (lanes without an item too: AGNN's score sum below)
+  float delta_exact = 0.f, amax = 0.f, dmax = 0.f;
+  bool active = live;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (active) {
+      zero_tile<VEC>(acc);
+      delta_exact = amax = dmax = 0.f;
+    }
+    int trips = active ? my_trips : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) trips = max(trips, __shfl_xor_sync(0xffffffffu, trips, o));
+    for (int64_t k = 0; k < trips; ++k) {
+      const int64_t base = it.begin + k * B;
+      const int n = active ? (int)imin(B, it.end - base) : 0;
+      int64_t j[B];
+#pragma unroll
+      for (int t = 0; t < B; ++t) j[t] = t < n ? (int64_t)p.col[base + t] : 0;
+      Packed<T, VEC> v[B], kr[KIND == DOT ? B : 1];
+      float c[KIND == AGNN ? B : 1];
+#pragma unroll
+      for (int t = 0; t < B; ++t) {
+        if (t < n) load(vb + j[t] * p.ld_val, v[t]);
+        else zero_packed<T, VEC>(v[t]);
+        if constexpr (KIND == DOT) {
+          if (t < n) load(kb + j[t] * p.ld_src, kr[t]);
+          else zero_packed<T, VEC>(kr[t]);
+        }
+        if constexpr (KIND == AGNN) c[t] = t < n ? key_scale<KIND>(p, j[t], h) : 1.f;
+      }
+      float s[B], dP[B];
+#pragma unroll
+      for (int t = 0; t < B; ++t) {   // (batch_scores, batch_dP)
+        const Packed<T, VEC>& key = KIND == DOT ? kr[KIND == DOT ? t : 0] : v[t];
+        const float part = tile_dot<T, VEC>(r.xi, key);
+        float st;
+        if constexpr (KIND == AGNN) st = warp_group_sum(part, p.G) * (p.scale * c[t]);
+        else st = warp_group_sum(part, p.G) * p.scale;
+        s[t] = t < n ? st : -INFINITY;
+        dP[t] = warp_group_sum(tile_dot<T, VEC>(dO, v[t]), p.G);
+      }
+      if (n <= 0) continue;   // (no shuffle below)
+#pragma unroll
+      for (int t = 0; t < B; ++t) {   // (bwd_row_item's, for dot-like kinds)
+        const bool ok = t < n;
+        const float alpha = ok ? expf((s[t] - m) - logl) : 0.f;
+        const float kf = ok ? 1.f : 0.f;
+        const float dS = alpha * (dP[t] * kf - delta);
+        delta_exact += alpha * kf * dP[t];
+        amax = fmaxf(amax, alpha);
+        dmax = fmaxf(dmax, fabsf(dS));
+        const float gv = dS * p.scale;
+        const float pdv = alpha * kf;
+        if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
+          if (p.ds) {
+            const int64_t eh = (base + t) * p.H + h;
+            if (p.delta) {
+              if constexpr (kPackedEdges<T>) reinterpret_cast<uint16_t*>(p.ds)[eh] = c10::BFloat16(alpha).x;
+              else p.ds[eh] = alpha;
+            } else if constexpr (kPackedEdges<T>) {
+              reinterpret_cast<uint32_t*>(p.ds)[eh] = pack_bf16x2(gv, pdv);
+            } else {
+              p.ds[eh] = gv;
+              p.pd[eh] = pdv;
+            }
+          }
+        }
+        float kk[kChunks<VEC>][kW<VEC>];
+        unpack<T, VEC>(KIND == DOT ? kr[KIND == DOT ? t : 0] : v[t], kk);
+        float gk = gv;
+        if constexpr (KIND == AGNN) gk = gv * c[t];
+#pragma unroll
+        for (int cc = 0; cc < kChunks<VEC>; ++cc)
+#pragma unroll
+          for (int q = 0; q < kW<VEC>; ++q) acc[cc][q] += gk * kk[cc][q];
+      }
+    }
+    // (bwd_row_item's second-sweep test; a launch column is the whole head here)
+    const bool again = active && pass == 0 && slot < 0 &&
+                       amax * fabsf(delta_exact - delta) > 64.f * kRoundoff * dmax;
+    if (!__any_sync(0xffffffffu, again)) break;
+    if (again) delta = delta_exact;
+    active = again;
+  }
+  if (p.delta && p.delta == p.delta_in) __syncwarp();   // (bwd_row_item)
+  if (live) {
+    if (p.delta && g.lg == 0) p.delta[row * p.H + h] = delta;
+    if (slot < 0) {
+      const int64_t d0 = KIND == DOT ? row * p.ldg_dst + h * F : (row * p.H + h) * F;
+      store_tile<T, VEC>(ft, p.d_dst + d0, acc);
+    } else {
+#pragma unroll
+      for (int cc = 0; cc < kChunks<VEC>; ++cc) {
+        const int64_t f = ft.f[cc];
+        if (f < 0) continue;
+#pragma unroll
+        for (int q = 0; q < kW<VEC>; ++q) p.part1[(slot * p.H + h) * F + f + q] = acc[cc][q];
+      }
+    }
+  }
+  if constexpr (KIND == AGNN) {
+    if (p.score_sum) {
+      const float sd = warp_group_sum(tile_dot<VEC>(acc, r.xi), p.G);
+      const int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
+      if (live && g.lg == 0) p.score_sum[gid] = sd;
+    }
+  }
+}
+
 // Column pass over the transposed CSR: per (source item, head)
 //   d_val[j] = sum_i pd_ij dO_i                     (pd = alpha * keep)
 //   GAT:   d_src[j] = sum_i g_ij                      ([N, H])

@@ -231,11 +231,11 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
   return p;
 }
 
-// The lean forward of vector scores (fwd_lean_kernel) where it applies, unless
-// PYG_DFGNN_LEAN_FWD=0 (fwd_kernel everywhere: for A/B runs and the tests that
-// compare the two).
-inline bool lean_forward_request() {
-  const char* env = std::getenv("PYG_DFGNN_LEAN_FWD");
+// The lean kernels (fwd_lean_kernel: vector scores' forward; bwd_row_lean_kernel:
+// dot-like row pass) where they apply, unless PYG_DFGNN_LEAN=0 (fwd_kernel and
+// bwd_row_kernel everywhere: for A/B runs and the tests that compare them).
+inline bool lean_request() {
+  const char* env = std::getenv("PYG_DFGNN_LEAN");
   return !env || std::strcmp(env, "0") != 0;
 }
 
@@ -266,7 +266,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     // column: the lean forward, the same results bit for bit)
     constexpr bool kLean = KIND != GAT;
     const bool lean = kLean && l.grid.y == 1 && !p.edge && !(p.drop_p > 0.f) &&
-                      lean_forward_request();
+                      lean_request();
     with_blocks<kFwdBlocks<KIND, T, VEC>, kFwdBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
           if constexpr (kLean) {
@@ -609,8 +609,18 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.score_sum = o.score_sum.data_ptr<float>();
   }
   if (p.num_items > 0) {
+    // (dot-like calls the lean forward takes: the lean row pass, bit for bit)
+    const bool lean = dot_like(KIND) && l.grid.y == 1 && !p.edge && !(p.drop_p > 0.f) &&
+                      lean_request();
     with_blocks<kRowBlocks<KIND, T, VEC>, kRowBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
+          if constexpr (dot_like(KIND)) {
+            if (lean) {
+              bwd_row_lean_kernel<KIND, T, I, VEC, decltype(b)::value>
+                  <<<l.grid, kThreads, 0, stream>>>(p);
+              return;
+            }
+          }
           bwd_row_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
         });
     C10_CUDA_KERNEL_LAUNCH_CHECK();

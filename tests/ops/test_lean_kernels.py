@@ -1,13 +1,15 @@
-"""The lean forward of vector scores (``fwd_lean_kernel``, cuda/attention_kernels.cuh).
+"""The lean kernels (cuda/attention_kernels.cuh): ``fwd_lean_kernel``, the
+forward of vector scores (dot attention, AGNN, GATv2), and
+``bwd_row_lean_kernel``, dot attention's and AGNN's backward row pass.
 
-Dot attention's, AGNN's and GATv2's forward without edge features or dropout, whose
-heads fit one launch column, runs a kernel without the code of what such a
-call does not have, with fwd_kernel's arithmetic in the same order.  So its
-output and saved softmax statistics must be fwd_kernel's bit for bit
-(``PYG_DFGNN_LEAN_FWD=0`` runs fwd_kernel everywhere); the statistics are
-compared through the backward, which recomputes alpha from them.  Its
-accuracy against float64 is the float64 tests' (tests/ops/test_cuda_kernels.py,
-tests/nn), which run it wherever it applies.  CUDA only.
+Calls without edge features or dropout, whose heads fit one launch column,
+run kernels without the code of what such a call does not have, with
+fwd_kernel's and bwd_row_kernel's arithmetic in the same order.  So their
+output, saved softmax statistics and gradients must be those kernels' bit for
+bit (``PYG_DFGNN_LEAN=0`` runs them everywhere); the statistics are compared
+through the backward, which recomputes alpha from them.  Accuracy against
+float64 is the float64 tests' (tests/ops/test_cuda_kernels.py, tests/nn),
+which run the lean kernels wherever they apply.  CUDA only.
 """
 import pytest
 import torch
@@ -27,8 +29,9 @@ CASES = ["dot", "dot_kv_one", "dot_shared_heads", "dot_key_scale", "dot_residual
          "dot_strided", "agnn", "gatv2"]
 
 
-def _problem(case, H, F, dtype, gen):
-    """``(graph, call, leaves)``: ``call()`` runs the op on fresh leaves."""
+def _problem(case, H, F, dtype, gen, q_scale=1.0):
+    """``(graph, call, leaves)``: ``call()`` runs the op on fresh leaves;
+    ``q_scale`` multiplies the queries (large: nearly saturated rows)."""
     ns, nd = 70, 61   # (not a multiple of a warp's groups: lanes without an item)
     ei = random_graph(ns, nd, 700, super_node=(300, 5), generator=gen).cuda()
     g = get_graph(ei, (ns, nd))
@@ -39,7 +42,7 @@ def _problem(case, H, F, dtype, gen):
         x = r(ns, H * F)
         beta = torch.tensor(0.7, device="cuda")
         return g, (lambda x, beta: ops.agnn_attention(g, x, beta)[0]), [x, beta]
-    q = r(nd, H, F)
+    q = r(nd, H, F) * q_scale
     if case == "gatv2":
         xs, att = r(ns, H, F), r(H, F)
         return g, (lambda xs, xd, att: ops.gatv2_attention(g, xs, xd, att)[0]), [xs, q, att]
@@ -66,6 +69,25 @@ def _problem(case, H, F, dtype, gen):
     return g, (lambda q, k, v: ops.dot_attention(g, q, k, v)[0]), [q, k, v]
 
 
+def _lean_vs_plain(fn, leaves, monkeypatch, **override):
+    """``{"1": (out, grads), "0": ...}``: the lean kernels and the plain ones."""
+    got = {}
+    for lean in ("1", "0"):
+        monkeypatch.setenv("PYG_DFGNN_LEAN", lean)
+        with schedule.override(**override):
+            got[lean] = _run(fn, leaves, torch.Generator().manual_seed(1))
+    return got
+
+
+def _assert_equal(got):
+    (o1, g1), (o0, g0) = got["1"], got["0"]
+    assert torch.isfinite(o1).all()
+    assert torch.equal(o1, o0)
+    assert len(g1) == len(g0)
+    for a, b in zip(g1, g0):
+        assert torch.equal(a, b)
+
+
 def _run(fn, leaves, gout_gen):
     xs = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in leaves]
     out = fn(*xs)
@@ -78,24 +100,37 @@ def _run(fn, leaves, gout_gen):
 @pytest.mark.parametrize("H,F", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_lean_forward_equals_fwd_kernel(case, dtype, H, F, split, monkeypatch):
+def test_lean_kernels_equal_plain_ones(case, dtype, H, F, split, monkeypatch):
     """Output and every gradient (recomputed from the saved statistics) equal
     to fwd_kernel's, on a graph with a super row, an isolated row and items
     that leave lanes of the last warp without a row; ``split=16`` cuts rows
     longer than 16 edges into segments merged after the kernel."""
     gen = torch.Generator().manual_seed(CASES.index(case) * 1000 + H * 100 + F)
     g, fn, leaves = _problem(case, H, F, dtype, gen)
-    got = {}
-    for lean in ("1", "0"):
-        monkeypatch.setenv("PYG_DFGNN_LEAN_FWD", lean)
-        torch.cuda.synchronize()
-        with schedule.override(split=split):
-            got[lean] = _run(fn, leaves, torch.Generator().manual_seed(1))
-    (o1, g1), (o0, g0) = got["1"], got["0"]
-    assert torch.isfinite(o1).all()
-    assert torch.equal(o1, o0)
-    for a, b in zip(g1, g0):
-        assert torch.equal(a, b)
+    _assert_equal(_lean_vs_plain(fn, leaves, monkeypatch, split=split))
+
+
+@pytest.mark.parametrize("q_scale", [1.0, 60.0])
+@pytest.mark.parametrize("mode,alpha", [("store", "0"), ("store", "1"), ("recompute", "")])
+@pytest.mark.parametrize("H,F,dtype", [(4, 64, torch.float32), (8, 10, torch.float32),
+                                       (8, 10, torch.bfloat16), (4, 64, torch.float16),
+                                       (8, 20, torch.bfloat16)])
+@pytest.mark.parametrize("case", ["dot", "dot_key_scale", "agnn"])
+def test_lean_row_pass_in_every_backward_mode(case, H, F, dtype, mode, alpha, q_scale,
+                                              monkeypatch):
+    """The row pass writes the stored mode's per-edge arrays (pairs, or alpha
+    alone with ``PYG_DFGNN_ALPHA_MODE=1``) or the recompute mode's Delta for
+    the column pass, which must read the same values either way; with
+    queries 60x larger most rows are nearly saturated, so that some groups
+    of a warp sweep their row a second time with the exact Delta and the
+    others do not."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
+    monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", alpha)
+    gen = torch.Generator().manual_seed(H * 100 + F)
+    g, fn, leaves = _problem(case, H, F, dtype, gen, q_scale=q_scale)
+    if case == "agnn":   # (its queries are normalised: beta sets the logits' scale)
+        leaves[1] = leaves[1] * q_scale
+    _assert_equal(_lean_vs_plain(fn, leaves, monkeypatch))
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 16, 32])
@@ -104,14 +139,7 @@ def test_lean_forward_at_every_group_size(group, monkeypatch):
     the warp walks its longest row's batches) and one group per warp."""
     gen = torch.Generator().manual_seed(group)
     g, fn, leaves = _problem("dot", 8, 16, torch.float32, gen)
-    got = {}
-    for lean in ("1", "0"):
-        monkeypatch.setenv("PYG_DFGNN_LEAN_FWD", lean)
-        with schedule.override(group=group):
-            got[lean] = _run(fn, leaves, torch.Generator().manual_seed(1))
-    assert torch.equal(got["1"][0], got["0"][0])
-    for a, b in zip(got["1"][1], got["0"][1]):
-        assert torch.equal(a, b)
+    _assert_equal(_lean_vs_plain(fn, leaves, monkeypatch, group=group))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -122,11 +150,7 @@ def test_lean_forward_with_int64_indices(dtype, monkeypatch):
     gen = torch.Generator().manual_seed(5)
     g, fn, leaves = _problem("dot", 4, 64, dtype, gen)
     assert g.col.dtype == torch.int64
-    got = {}
-    for lean in ("1", "0"):
-        monkeypatch.setenv("PYG_DFGNN_LEAN_FWD", lean)
-        got[lean] = _run(fn, leaves, torch.Generator().manual_seed(1))
-    assert torch.equal(got["1"][0], got["0"][0])
+    _assert_equal(_lean_vs_plain(fn, leaves, monkeypatch))
 
 
 def _kernels(fn):
@@ -140,7 +164,7 @@ def _kernels(fn):
 def test_lean_forward_runs_where_it_applies():
     """Which forward kernel a call launches: the lean one for dot attention,
     AGNN and GATv2 without edge features or dropout; fwd_kernel with edge
-    features, with dropout, for GAT, and under ``PYG_DFGNN_LEAN_FWD=0``."""
+    features, with dropout, for GAT, and under ``PYG_DFGNN_LEAN=0``."""
     gen = torch.Generator().manual_seed(3)
     ns = 50
     ei = random_graph(ns, ns, 300, generator=gen).cuda()
@@ -165,12 +189,12 @@ def test_lean_forward_runs_where_it_applies():
     a = torch.randn(ns, 4, generator=gen).cuda()
     assert not lean_ran(lambda: ops.gat_attention(g, v, a, a))
     import os
-    old = os.environ.get("PYG_DFGNN_LEAN_FWD")
-    os.environ["PYG_DFGNN_LEAN_FWD"] = "0"
+    old = os.environ.get("PYG_DFGNN_LEAN")
+    os.environ["PYG_DFGNN_LEAN"] = "0"
     try:
         assert not lean_ran(lambda: ops.dot_attention(g, q, k, v))
     finally:
         if old is None:
-            del os.environ["PYG_DFGNN_LEAN_FWD"]
+            del os.environ["PYG_DFGNN_LEAN"]
         else:
-            os.environ["PYG_DFGNN_LEAN_FWD"] = old
+            os.environ["PYG_DFGNN_LEAN"] = old
