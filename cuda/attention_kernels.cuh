@@ -1112,6 +1112,31 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_kernel(const Params<T, I
 // attention kernel 0.54-0.96x fwd_kernel's time, 0.61x at the Transformer's
 // 4 x 64 fp32 on the uniform 100k graph.
 //
+// A lane's chunk offsets in one head's row as 32-bit numbers (a head's row is
+// short; -1: outside the tile), held in registers: from Feat's 64-bit ones the
+// compiler re-derived them from the lane id and the tile bounds in every
+// batch (~12 instructions per chunk and edge), which the empty asm (an opaque
+// definition) rules out.
+template <int VEC>
+struct LaneOffsets {
+  int f[kChunks<VEC>];
+  __device__ __forceinline__ explicit LaneOffsets(const Feat<VEC>& ft) {
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c) {
+      f[c] = ft.f[c] >= 0 ? (int)ft.f[c] : -1;
+      asm volatile("" : "+r"(f[c]));
+    }
+  }
+  // load_packed's on these offsets
+  template <typename T>
+  __device__ __forceinline__ void load(const T* __restrict__ row, Packed<T, VEC>& x) const {
+    using R = typename Packed<T, VEC>::R;
+#pragma unroll
+    for (int c = 0; c < kChunks<VEC>; ++c)
+      x.r[c] = f[c] >= 0 ? __ldg(reinterpret_cast<const R*>(row + f[c])) : R{};
+  }
+};
+
 // (every step's shuffle runs on every lane, steps at or above G add nothing:
 // a shuffle under a branch on G compiled to a convergence check per step)
 __device__ __forceinline__ float warp_group_sum(float v, int G) {
@@ -1130,26 +1155,12 @@ __device__ __forceinline__ void fwd_lean_edges(const Params<T, I>& p, const Feat
                                                const Item& it, int64_t trips,
                                                const RowOps<KIND, VEC>& r, Softmax<VEC>& sm) {
   constexpr int B = kBatch<KIND, T>;
-  using R = typename Packed<T, VEC>::R;
   const int64_t h = it.h;
   const T* kb = p.src + h * p.hs_src;
   const T* vb = p.val + h * p.hs_val;
   const int64_t ld_val = KIND == GATV2 ? p.H * p.F : p.ld_val;   // (GATv2's rows: contiguous)
-  // the lane's chunk offsets as 32-bit numbers (a head's row is short), held
-  // in registers: the compiler re-derived Feat's from the lane id and the
-  // tile bounds in every batch (~12 instructions per chunk and edge), which
-  // the empty asm (an opaque definition) rules out
-  int fo[kChunks<VEC>];
-#pragma unroll
-  for (int c = 0; c < kChunks<VEC>; ++c) {
-    fo[c] = ft.f[c] >= 0 ? (int)ft.f[c] : -1;
-    asm volatile("" : "+r"(fo[c]));
-  }
-  auto load = [&](const T* row, Packed<T, VEC>& x) {
-#pragma unroll
-    for (int c = 0; c < kChunks<VEC>; ++c)
-      x.r[c] = fo[c] >= 0 ? __ldg(reinterpret_cast<const R*>(row + fo[c])) : R{};
-  };
+  const LaneOffsets<VEC> lo(ft);
+  auto load = [&](const T* row, Packed<T, VEC>& x) { lo.load(row, x); };
   for (int64_t k = 0; k < trips; ++k) {
     const int64_t base = it.begin + k * B;
     const int n = (int)imin(B, it.end - base);   // <= 0 past the group's end
@@ -1423,6 +1434,23 @@ __global__ void __launch_bounds__(kThreads, 2) alpha_kernel(const Params<T, I> p
 template <int KIND, typename X>
 using RowArg = std::conditional_t<KIND == GATV2, const X&, const X>;
 
+// The stored mode's per-edge terms of edge-head eh (see the column pass): g
+// and pd (fp32 arrays, or one array of bf16 pairs), or alpha alone in the
+// alpha mode (kColAlpha; p.delta is set with it).
+template <typename T, typename I>
+__device__ __forceinline__ void store_edge_terms(const Params<T, I>& p, int64_t eh, float alpha,
+                                                 float gv, float pdv) {
+  if (p.delta) {
+    if constexpr (kPackedEdges<T>) reinterpret_cast<uint16_t*>(p.ds)[eh] = c10::BFloat16(alpha).x;
+    else p.ds[eh] = alpha;
+  } else if constexpr (kPackedEdges<T>) {
+    reinterpret_cast<uint32_t*>(p.ds)[eh] = pack_bf16x2(gv, pdv);
+  } else {
+    p.ds[eh] = gv;
+    p.pd[eh] = pdv;
+  }
+}
+
 // One (item, head) of the row pass.  GATv2's d_att terms are added to `datt`,
 // the lane's running sums over the items it takes in shared memory (see
 // bwd_row_kernel; element c * VEC + k of the lane's tile at stride kThreads).
@@ -1493,18 +1521,7 @@ __device__ __forceinline__ void bwd_row_item(RowArg<KIND, Params<T, I>> p, RowAr
       else gv = dS;
       const float pdv = alpha * kf;
       if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
-        if (p.ds) {  // stored mode (see the column pass)
-          const int64_t eh = (b.base + t) * p.H + h;
-          if (p.delta) {   // the alpha mode (kColAlpha; p.delta is set with it)
-            if constexpr (kPackedEdges<T>) reinterpret_cast<uint16_t*>(p.ds)[eh] = c10::BFloat16(alpha).x;
-            else p.ds[eh] = alpha;
-          } else if constexpr (kPackedEdges<T>) {
-            reinterpret_cast<uint32_t*>(p.ds)[eh] = pack_bf16x2(gv, pdv);
-          } else {
-            p.ds[eh] = gv;
-            p.pd[eh] = pdv;
-          }
-        }
+        if (p.ds) store_edge_terms(p, (b.base + t) * p.H + h, alpha, gv, pdv);
         if (KIND == GAT && p.d_edge) p.d_edge[b.eo[t] * p.H + h] = from_f<T>(gv);
       }
       if constexpr (KIND == GATV2) gacc += gv;
@@ -1668,7 +1685,6 @@ template <int KIND, typename T, typename I, int VEC, int BLOCKS>
 __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Params<T, I> p) {
   static_assert(dot_like(KIND), "the lean row pass is dot attention's and AGNN's");
   constexpr int B = kBatch<KIND, T>;
-  using R = typename Packed<T, VEC>::R;
   const Group g(p.G);
   Item it;
   const bool live = get_item(p, p.rowptr, it);
@@ -1699,18 +1715,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
     else zero_tile<VEC>(o);
     delta = warp_group_sum(tile_dot<VEC>(dO, o), p.G);
   }
-  // (the lean forward's chunk offsets: see fwd_lean_edges)
-  int fo[kChunks<VEC>];
-#pragma unroll
-  for (int c = 0; c < kChunks<VEC>; ++c) {
-    fo[c] = ft.f[c] >= 0 ? (int)ft.f[c] : -1;
-    asm volatile("" : "+r"(fo[c]));
-  }
-  auto load = [&](const T* rp, Packed<T, VEC>& x) {
-#pragma unroll
-    for (int c = 0; c < kChunks<VEC>; ++c)
-      x.r[c] = fo[c] >= 0 ? __ldg(reinterpret_cast<const R*>(rp + fo[c])) : R{};
-  };
+  const LaneOffsets<VEC> lo(ft);
+  auto load = [&](const T* rp, Packed<T, VEC>& x) { lo.load(rp, x); };
   const T* kb = p.src + h * F;   // (the backward's k / v: heads F apart)
   const T* vb = p.val + h * F;
   constexpr float kRoundoff = sizeof(T) >= 4 ? 5.96e-8f : (sizeof(T) == 2 && std::is_same<T, c10::Half>::value ? 4.88e-4f : 3.91e-3f);
@@ -1768,20 +1774,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
         dmax = fmaxf(dmax, fabsf(dS));
         const float gv = dS * p.scale;
         const float pdv = alpha * kf;
-        if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1))) {
-          if (p.ds) {
-            const int64_t eh = (base + t) * p.H + h;
-            if (p.delta) {
-              if constexpr (kPackedEdges<T>) reinterpret_cast<uint16_t*>(p.ds)[eh] = c10::BFloat16(alpha).x;
-              else p.ds[eh] = alpha;
-            } else if constexpr (kPackedEdges<T>) {
-              reinterpret_cast<uint32_t*>(p.ds)[eh] = pack_bf16x2(gv, pdv);
-            } else {
-              p.ds[eh] = gv;
-              p.pd[eh] = pdv;
-            }
-          }
-        }
+        if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1)) && p.ds)
+          store_edge_terms(p, (base + t) * p.H + h, alpha, gv, pdv);
         float kk[kChunks<VEC>][kW<VEC>];
         unpack<T, VEC>(KIND == DOT ? kr[KIND == DOT ? t : 0] : v[t], kk);
         float gk = gv;
