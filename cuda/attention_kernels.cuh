@@ -1097,7 +1097,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_kernel(const Params<T, I
 // column): fwd_kernel's
 // arithmetic in the same order -- the same lane slices, butterflies, online
 // softmax and epilogue, so its output and lse are fwd_kernel's bit for bit
-// (tests/ops/test_lean_forward.py) -- without the code of what such a call
+// (tests/ops/test_lean_kernels.py) -- without the code of what such a call
 // does not have.  ncu on an H200 (docs/KERNELS.md, session 47) had
 // fwd_kernel's fp32 4 x 64 dot forward issue-bound (66 % of issue slots,
 // ~250 warp instructions per edge for 8 features per lane): a group size
@@ -1676,7 +1676,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_kernel(const Params<
 // (no edge features, no dropout, heads in one launch column): the same
 // arithmetic in the same order, so every value it writes (d_q or its split
 // rows' partials, the stored or alpha mode's per-edge arrays, Delta, AGNN's
-// score sums) is bwd_row_kernel's bit for bit (tests/ops/test_lean_forward.py),
+// score sums) is bwd_row_kernel's bit for bit (tests/ops/test_lean_kernels.py),
 // on the lean forward's warp-uniform batch walk with full-mask butterflies.
 // A nearly saturated row's second sweep (bwd_row_item) runs for the groups
 // that need it while the warp's other groups walk it without loading or

@@ -134,7 +134,7 @@ def test_lean_row_pass_in_every_backward_mode(case, H, F, dtype, mode, alpha, q_
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 16, 32])
-def test_lean_forward_at_every_group_size(group, monkeypatch):
+def test_lean_kernels_at_every_group_size(group, monkeypatch):
     """Forced lanes per (row, head): warps of several rows (1, 2, 4 lanes:
     the warp walks its longest row's batches) and one group per warp."""
     gen = torch.Generator().manual_seed(group)
@@ -143,7 +143,7 @@ def test_lean_forward_at_every_group_size(group, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lean_forward_with_int64_indices(dtype, monkeypatch):
+def test_lean_kernels_with_int64_indices(dtype, monkeypatch):
     """The kernels' int64 instantiation (graphs past int32 indices), forced
     on a small graph."""
     monkeypatch.setattr(graph_mod, "_INT32_MAX", 16)
@@ -161,40 +161,36 @@ def _kernels(fn):
     return [e.key for e in prof.key_averages() if e.device_type.name == "CUDA"]
 
 
-def test_lean_forward_runs_where_it_applies():
-    """Which forward kernel a call launches: the lean one for dot attention,
-    AGNN and GATv2 without edge features or dropout; fwd_kernel with edge
-    features, with dropout, for GAT, and under ``PYG_DFGNN_LEAN=0``."""
+def test_lean_kernels_run_where_they_apply(monkeypatch):
+    """Which kernels a call launches: the lean forward for dot attention, AGNN
+    and GATv2 without edge features or dropout, and the lean row pass for
+    dot attention and AGNN; the plain ones with edge features, with dropout,
+    for GAT (and GATv2's row pass), and under ``PYG_DFGNN_LEAN=0``."""
     gen = torch.Generator().manual_seed(3)
     ns = 50
     ei = random_graph(ns, ns, 300, generator=gen).cuda()
     g = get_graph(ei, (ns, ns))
-    q, k, v = (torch.randn(ns, 4, 16, generator=gen).cuda() for _ in range(3))
+    q, k, v = (torch.randn(ns, 4, 16, generator=gen).cuda().requires_grad_(True)
+               for _ in range(3))
     e = torch.randn(ei.size(1), 4, 16, generator=gen).cuda()
-    x = torch.randn(ns, 32, generator=gen).cuda()
+    x = torch.randn(ns, 32, generator=gen).cuda().requires_grad_(True)
+    att = torch.randn(4, 16, generator=gen).cuda()
+    a = torch.randn(ns, 4, generator=gen).cuda()
 
     def lean_ran(fn):
-        names = _kernels(fn)
+        """(lean forward, lean row pass) of one forward and backward."""
+        names = _kernels(lambda: fn()[0].sum().backward())
         fwd = [n for n in names if "fwd_lean_kernel" in n or "fwd_kernel<" in n]
-        assert len(fwd) == 1, names
-        return "fwd_lean_kernel" in fwd[0]
-    assert lean_ran(lambda: ops.dot_attention(g, q, k, v))
-    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.0))
-    assert lean_ran(lambda: ops.agnn_attention(g, x, 1.0))
-    assert not lean_ran(lambda: ops.dot_attention(g, q, k, v, e))
-    assert not lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.3))
-    att = torch.randn(4, 16, generator=gen).cuda()
-    assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att))
-    assert not lean_ran(lambda: ops.gatv2_attention(g, k, q, att, e))
-    a = torch.randn(ns, 4, generator=gen).cuda()
-    assert not lean_ran(lambda: ops.gat_attention(g, v, a, a))
-    import os
-    old = os.environ.get("PYG_DFGNN_LEAN")
-    os.environ["PYG_DFGNN_LEAN"] = "0"
-    try:
-        assert not lean_ran(lambda: ops.dot_attention(g, q, k, v))
-    finally:
-        if old is None:
-            del os.environ["PYG_DFGNN_LEAN"]
-        else:
-            os.environ["PYG_DFGNN_LEAN"] = old
+        row = [n for n in names if "bwd_row_lean_kernel" in n or "bwd_row_kernel<" in n]
+        assert len(fwd) == 1 and len(row) <= 1, names
+        return "fwd_lean_kernel" in fwd[0], bool(row) and "bwd_row_lean_kernel" in row[0]
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v)) == (True, True)
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.0)) == (True, True)
+    assert lean_ran(lambda: ops.agnn_attention(g, x, 1.0)) == (True, True)
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, e)) == (False, False)
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.3)) == (False, False)
+    assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att)) == (True, False)
+    assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att, e)) == (False, False)
+    assert lean_ran(lambda: ops.gat_attention(g, v, a, a)) == (False, False)
+    monkeypatch.setenv("PYG_DFGNN_LEAN", "0")
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v)) == (False, False)
