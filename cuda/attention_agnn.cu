@@ -6,7 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 namespace dfgnn {
-DFGNN_INSTANTIATE(AGNN, agnn)
+DFGNN_INSTANTIATE_FWD(AGNN, agnn)   // (the backward: attention_agnn_bwd.cu)
 
 // One warp per (source row, head): with dK = d_src (the gradient of the scaled
 // key c_j x_j) and dV = d_val,

@@ -4,7 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 namespace dfgnn {
-DFGNN_INSTANTIATE(DOT, dot)
+DFGNN_INSTANTIATE_FWD(DOT, dot)   // (the backward: attention_dot_bwd.cu)
 
 at::Tensor row_delta(const at::Tensor& dout, const at::Tensor& out, const at::Tensor& sub) {
   const int64_t N = out.size(0), H = out.size(1), C = out.size(2), NH = N * H;

@@ -2,5 +2,5 @@
 #include "attention_launch.cuh"
 
 namespace dfgnn {
-DFGNN_INSTANTIATE(GAT, gat)
+DFGNN_INSTANTIATE_FWD(GAT, gat)   // (the backward: attention_gat_bwd.cu)
 }  // namespace dfgnn

@@ -2,5 +2,5 @@
 #include "attention_launch.cuh"
 
 namespace dfgnn {
-DFGNN_INSTANTIATE(GATV2, gatv2)
+DFGNN_INSTANTIATE_FWD(GATV2, gatv2)   // (the backward: attention_gatv2_bwd.cu)
 }  // namespace dfgnn

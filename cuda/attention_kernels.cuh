@@ -1120,6 +1120,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_kernel(const Params<T, I
 template <int VEC>
 struct LaneOffsets {
   int f[kChunks<VEC>];
+  LaneOffsets() = default;   // (unset: a kernel's plain instantiation, which does not use them)
   __device__ __forceinline__ explicit LaneOffsets(const Feat<VEC>& ft) {
 #pragma unroll
     for (int c = 0; c < kChunks<VEC>; ++c) {
@@ -1138,12 +1139,19 @@ struct LaneOffsets {
 };
 
 // (every step's shuffle runs on every lane, steps at or above G add nothing:
-// a shuffle under a branch on G compiled to a convergence check per step)
+// a shuffle under a branch on G compiled to a convergence check per step.
+// One lane per group (G = 1: fp32 heads of 10 on one lane) skips the steps
+// on one test of G, on which the compiler versions the enclosing loop
+// (SASS of a probe kernel, nvcc 13.0 sm_90: no shuffle left in the G = 1
+// copy); a loop over G's steps on the full mask compiled to a warp sync per
+// step instead)
 __device__ __forceinline__ float warp_group_sum(float v, int G) {
+  if (G > 1) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float u = __shfl_xor_sync(0xffffffffu, v, o);
-    if (o < G) v += u;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float u = __shfl_xor_sync(0xffffffffu, v, o);
+      if (o < G) v += u;
+    }
   }
   return v;
 }
@@ -1846,8 +1854,24 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
 // row pass; tests/nn/test_fuzz.py covers such rows).  The score needs its operand
 // rows over all features: a launch column adds the features outside its tile
 // from memory (`wide`), as the row pass does.
-template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH = 0>
-__global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_kernel(const Params<T, I> p) {
+//
+// LEAN (bwd_col_lean_kernel): calls of dot attention and GATv2 without edge
+// features or dropout whose heads fit one launch column (no `wide` tile), in
+// the stored, alpha and recompute modes: the same arithmetic in the same order as
+// bwd_col_kernel (so the same gradients bit for bit:
+// tests/ops/test_lean_kernels.py), on the lean row pass's warp-uniform walk:
+// every lane walks the warp's largest batch count, so the butterflies run on
+// the full warp mask (warp_group_sum) instead of a loop on the group's mask
+// with a convergence check per step; a group past its column's end loads
+// nothing and adds nothing; the lanes' chunk offsets are 32-bit numbers in
+// registers (LaneOffsets); the edge-feature, dropout and wide-tile paths are
+// compiled out.  Measured on an H200 (docs/KERNELS.md, session 48): the
+// column pass 0.70-0.92x for the Transformer's 8 x 10 and 8 x 19 (fp32 and
+// bf16 on the 100k graphs, fp32 on a PATTERN batch), 0.90-0.99x for GATv2;
+// AGNN's took 1.05-1.23x, so AGNN keeps bwd_col_kernel.
+template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH, bool LEAN>
+__device__ __forceinline__ void col_pass(const Params<T, I>& p) {
+  static_assert(!LEAN || KIND == DOT || KIND == GATV2, "the lean column pass is dot attention's and GATv2's");
   constexpr bool ALPHA = MODE == kColAlpha;        // alpha stored, dP formed here
   constexpr bool RECOMPUTE = MODE != kColStored && !ALPHA;   // alpha recomputed here
   static_assert(!ALPHA || KIND == DOT || KIND == GATV2,
@@ -1864,9 +1888,31 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   constexpr int NC = kChunks<VEC>;
   const Group g(p.G);
   Item it;
-  if (!get_item(p, p.t_rowptr, it)) return;
+  const bool live = get_item(p, p.t_rowptr, it);
+  if constexpr (LEAN) {
+    if (__all_sync(0xffffffffu, !live)) return;
+    if (!live) {   // (a lane past the last item: walks the warp's batches, loads nothing)
+      it.h = it.row = it.begin = it.end = 0;
+      it.slot = -1;
+    }
+  } else if (!live) {
+    return;
+  }
   const int64_t h = it.h, src = it.row, slot = it.slot, F = p.F, H = p.H;
   const Feat<VEC> ft(g, (int64_t)blockIdx.y * p.tile, p.tile, F);
+  const bool wide = !LEAN && ft.wide;
+  const T* const edge = LEAN ? nullptr : p.edge;
+  [[maybe_unused]] const LaneOffsets<VEC> lo = LEAN ? LaneOffsets<VEC>(ft) : LaneOffsets<VEC>();
+  // a destination row's tile (lean: on the 32-bit offsets)
+  auto load_row = [&](const T* row, Packed<T, VEC>& x) {
+    if constexpr (LEAN) lo.load(row, x);
+    else load_packed<T, VEC>(ft, row, x);
+  };
+  // a group's sum (lean: on the full warp mask)
+  auto gsum = [&](float v) {
+    if constexpr (LEAN) return warp_group_sum(v, p.G);
+    else return g.sum(v);
+  };
   // v_j (DOT), x_j (GAT), x_src_j (GATV2); k_j (DOT), x_src_j (GATV2)
   const T* v_row = dot_like(KIND) ? p.val + src * p.ld_val + h * F : p.val + (src * H + h) * F;
   const T* k_row = dot_like(KIND) ? p.src + src * p.ld_src + h * F : p.src + (src * H + h) * F;
@@ -1874,38 +1920,58 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   float vj[NC][kW<VEC>], kj[dot_like(KIND) ? NC : 1][kW<VEC>], at[KIND == GATV2 ? NC : 1][kW<VEC>];
   // the own row's operands: what the recomputed scores / dP need, and GATv2's
   // z_ij in either mode
-  if constexpr (RECOMPUTE || ALPHA || KIND == GATV2) load_tile<T, VEC>(ft, v_row, vj);
-  if constexpr (RECOMPUTE && dot_like(KIND)) load_tile<T, VEC>(ft, k_row, kj);
+  if constexpr (RECOMPUTE || ALPHA || KIND == GATV2) {
+    if (live) load_tile<T, VEC>(ft, v_row, vj);
+    else zero_tile<VEC>(vj);
+  }
+  if constexpr (RECOMPUTE && dot_like(KIND)) {
+    if (live) load_tile<T, VEC>(ft, k_row, kj);
+    else zero_tile<VEC>(kj);
+  }
   if constexpr (KIND == GATV2) load_tile<T, VEC>(ft, p.att + h * F, at);
   const float a_src = RECOMPUTE && KIND == GAT ? to_f(p.src[src * H + h]) : 0.f;
   // the recomputed scores' factor (AGNN: times the own key scale; d_src is
   // then the gradient of the scaled key c_j v_j)
   const float sc = !dot_like(KIND) ? 1.f
                    : KIND == AGNN ? p.scale * key_scale<KIND>(p, src, h) : p.scale;
-  const bool need_cp = !RECOMPUTE || EMIT || p.edge != nullptr || p.drop_p > 0.f;
+  const bool need_cp = !RECOMPUTE || EMIT || (!LEAN && (p.edge != nullptr || p.drop_p > 0.f));
 
   float gacc = 0.f;
   float dv[NC][kW<VEC>], dk[KIND == GAT ? 1 : NC][kW<VEC>];
   zero_tile<VEC>(dv);
   if constexpr (KIND != GAT) zero_tile<VEC>(dk);
-  for (int64_t base = it.begin; base < it.end; base += B) {
+  // (lean: the warp's largest batch count; n <= 0 past a group's end)
+  int trips = 0;
+  if constexpr (LEAN) {
+    trips = (int)((it.end - it.begin + B - 1) / B);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) trips = max(trips, __shfl_xor_sync(0xffffffffu, trips, o));
+  }
+  int k = 0;
+  for (int64_t base = it.begin; LEAN ? k < trips : base < it.end; base += B, ++k) {
     const int n = (int)imin(B, it.end - base);
+    // (lean: a group past its column's end (n <= 0) loads the graph's edge
+    // it.end - 1 (or 0) again instead, so that its loads take no predicate --
+    // none at all where a batch is one edge; what it computes is dropped
+    // before anything is added up, below)
+    const int nl = LEAN && n <= 0 ? 1 : n;
+    const int64_t eb = LEAN && n <= 0 ? (it.end > 0 ? it.end - 1 : 0) : base;
     I i[B], cp[B], eo[B];
 #pragma unroll
     for (int t = 0; t < B; ++t) {
-      const bool ok = t < n;
-      i[t] = ok ? p.t_col[base + t] : I(0);                // destination
-      cp[t] = (ok && need_cp) ? p.t_perm[base + t] : I(0);  // CSR position
+      const bool ok = t < nl;
+      i[t] = ok ? p.t_col[eb + t] : I(0);                // destination
+      cp[t] = (ok && need_cp) ? p.t_perm[eb + t] : I(0);  // CSR position
     }
 #pragma unroll
     for (int t = 0; t < B; ++t)
-      eo[t] = (t < n && p.edge) ? (p.perm ? p.perm[cp[t]] : cp[t]) : I(0);
+      eo[t] = (t < nl && edge) ? (p.perm ? p.perm[cp[t]] : cp[t]) : I(0);
     // recompute: the destination rows' statistics, and GAT's z_ij = a_src_j +
     // a_dst_i (+ e_ij); stored: g and pd
     float m[B], ll[B], dl[B], z[B], gs[B], ps[B];
 #pragma unroll
     for (int t = 0; t < B; ++t) {
-      const bool ok = t < n;
+      const bool ok = t < nl;
       if constexpr (ALPHA) {   // alpha (in gs; bf16: one bf16 each) and the destination row's Delta
         const int64_t eh = (int64_t)cp[t] * H + h;
         if constexpr (kPackedEdges<T>)
@@ -1943,7 +2009,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
       if constexpr (KIND == GAT) {
         if (ok) {
           z[t] = a_src + to_f(p.dst[ih]);
-          if (p.edge) z[t] += to_f(p.edge[(int64_t)eo[t] * H + h]);
+          if (edge) z[t] += to_f(edge[(int64_t)eo[t] * H + h]);
         }
       }
     }
@@ -1951,16 +2017,16 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
     Packed<T, VEC> o[B], x[KIND == GAT ? 1 : B];
 #pragma unroll
     for (int t = 0; t < B; ++t) {
-      const bool ok = t < n;
+      const bool ok = t < nl;
       const int64_t off = ((int64_t)i[t] * H + h) * F;
-      if (ok) load_packed<T, VEC>(ft, p.dout + off, o[t]);
+      if (ok) load_row(p.dout + off, o[t]);
       else zero_packed<T, VEC>(o[t]);
       if constexpr (KIND != GAT) {
         if constexpr (dot_like(KIND)) {
-          if (ok) load_packed<T, VEC>(ft, p.dst + (int64_t)i[t] * p.ld_dst + h * F, x[t]);
+          if (ok) load_row(p.dst + (int64_t)i[t] * p.ld_dst + h * F, x[t]);
           else zero_packed<T, VEC>(x[t]);
         } else {
-          if (ok) load_packed<T, VEC>(ft, p.dst + off, x[t]);
+          if (ok) load_row(p.dst + off, x[t]);
           else zero_packed<T, VEC>(x[t]);
         }
       }
@@ -1970,26 +2036,27 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
     float sp[B], dp[B];
 #pragma unroll
     for (int t = 0; t < B; ++t) {
-      const bool ok = t < n;
+      const bool ok = t < nl;
       sp[t] = dp[t] = 0.f;
       if constexpr (KIND == GAT) {
         if constexpr (RECOMPUTE) dp[t] = tile_dot<T, VEC>(vj, o[t]);
       } else if constexpr (ALPHA) {   // (no edge features in this mode)
         dp[t] = tile_dot<T, VEC>(vj, o[t]);
-        if (ft.wide && ok)
+        if (wide && ok)
           dp[t] += pair_part<false, T, VEC>(g, p.dout + ((int64_t)i[t] * H + h) * F, v_row,
                                             nullptr, nullptr, F, ft.f0, ft.hi, 0.f);
       } else if constexpr (RECOMPUTE) {
         float ev[NC][kW<VEC>];
-        edge_tile<T, I, VEC>(p, ft, h, eo[t], ok, ev);
+        if (edge) edge_tile<T, I, VEC>(p, ft, h, eo[t], ok, ev);
+        else zero_tile<VEC>(ev);
         if constexpr (dot_like(KIND)) {
           float kk[NC][kW<VEC>], vv[NC][kW<VEC>];
 #pragma unroll
           for (int c = 0; c < NC; ++c)
 #pragma unroll
             for (int q = 0; q < kW<VEC>; ++q) {
-              kk[c][q] = p.edge ? kj[c][q] + ev[c][q] : kj[c][q];
-              vv[c][q] = p.edge ? vj[c][q] + ev[c][q] : vj[c][q];
+              kk[c][q] = edge ? kj[c][q] + ev[c][q] : kj[c][q];
+              vv[c][q] = edge ? vj[c][q] + ev[c][q] : vj[c][q];
             }
           sp[t] = tile_dot<T, VEC>(kk, x[t]);
           dp[t] = tile_dot<T, VEC>(vv, o[t]);
@@ -2002,9 +2069,9 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
           dp[t] = tile_dot<T, VEC>(vj, o[t]);
         }
       }
-      if (RECOMPUTE && ft.wide && ok) {
+      if (RECOMPUTE && wide && ok) {
         const int64_t ioff = ((int64_t)i[t] * H + h) * F;
-        const T* e = p.edge && KIND != GAT ? p.edge + ((int64_t)eo[t] * H + h) * F : nullptr;
+        const T* e = edge && KIND != GAT ? edge + ((int64_t)eo[t] * H + h) * F : nullptr;
         if constexpr (KIND != GAT)
           sp[t] += pair_part<KIND == GATV2, T, VEC>(
               g, p.dst + (dot_like(KIND) ? (int64_t)i[t] * p.ld_dst + h * F : ioff), k_row, e,
@@ -2017,20 +2084,21 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
     if constexpr (RECOMPUTE) {
 #pragma unroll
       for (int t = 0; t < B; ++t) {
-        if constexpr (KIND != GAT) sp[t] = g.sum(sp[t]) * sc;
-        dp[t] = g.sum(dp[t]);
+        if constexpr (KIND != GAT) sp[t] = gsum(sp[t]) * sc;
+        dp[t] = gsum(dp[t]);
       }
     }
     if constexpr (ALPHA) {
 #pragma unroll
-      for (int t = 0; t < B; ++t) dp[t] = g.sum(dp[t]);
+      for (int t = 0; t < B; ++t) dp[t] = gsum(dp[t]);
     }
+    if (LEAN && n <= 0) continue;   // (a lean group past its end: no shuffle below)
     // recompute: alpha, dS, g and pd as the row pass computes them
 #pragma unroll
     for (int t = 0; t < B; ++t) {
       float gv, pdv;
       if constexpr (ALPHA) {   // as the row pass forms them
-        const float kf = t < n ? keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h) : 0.f;
+        const float kf = t >= n ? 0.f : LEAN ? 1.f : keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h);
         gv = gs[t] * (dp[t] * kf - dl[t]);
         if constexpr (dot_like(KIND)) gv *= p.scale;
         pdv = gs[t] * kf;
@@ -2041,7 +2109,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
         const bool ok = t < n;
         const float s = KIND == GAT ? leaky(z[t], p.slope) : sp[t];
         const float alpha = ok ? expf((s - m[t]) - ll[t]) : 0.f;
-        const float kf = ok ? keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h) : 0.f;
+        const float kf = !ok ? 0.f : LEAN ? 1.f : keep_factor(p.drop_p, p.seed, (int64_t)cp[t], H, h);
         const float dS = alpha * (dp[t] * kf - dl[t]);
         if constexpr (EMIT) {   // one lane of the group writes alpha~ dP (all hold it)
           if (ok && blockIdx.y == 0 && g.lg == (t & (g.G - 1)))
@@ -2083,7 +2151,10 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
       // sum after the sweep: one product per element and edge less; the column
       // pass 0.96-0.98x in bf16, H200, docs/KERNELS.md, session 37)
       float ev[KIND == GATV2 ? NC : 1][kW<VEC>];
-      if constexpr (KIND == GATV2) edge_tile<T, I, VEC>(p, ft, h, eo[t], t < n, ev);
+      if constexpr (KIND == GATV2) {
+        if (edge) edge_tile<T, I, VEC>(p, ft, h, eo[t], t < n, ev);
+        else zero_tile<VEC>(ev);
+      }
 #pragma unroll
       for (int c = 0; c < NC; ++c)
 #pragma unroll
@@ -2095,6 +2166,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
         }
     }
   }
+  if (!live) return;   // (lean: a lane past the last item)
   // outputs: part1 <- the value-side gradient, part2 <- the source-side one
   if constexpr (KIND == GAT && !EMIT) {
     if (g.lg == 0 && blockIdx.y == 0) {
@@ -2130,6 +2202,16 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
       }
     }
   }
+}
+
+template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH = 0>
+__global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_kernel(const Params<T, I> p) {
+  col_pass<KIND, T, I, VEC, MODE, BATCH, false>(p);
+}
+
+template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH = 0>
+__global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_lean_kernel(const Params<T, I> p) {
+  col_pass<KIND, T, I, VEC, MODE, BATCH, true>(p);
 }
 
 // ------------------------------------------- GAT's single-gather backward

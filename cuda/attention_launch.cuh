@@ -232,11 +232,19 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
 }
 
 // The lean kernels (fwd_lean_kernel: vector scores' forward; bwd_row_lean_kernel:
-// dot-like row pass) where they apply, unless PYG_DFGNN_LEAN=0 (fwd_kernel and
-// bwd_row_kernel everywhere: for A/B runs and the tests that compare them).
+// dot-like row pass; bwd_col_lean_kernel: dot attention's and GATv2's column pass)
+// where they apply, unless PYG_DFGNN_LEAN=0 (fwd_kernel, bwd_row_kernel and
+// bwd_col_kernel everywhere: for A/B runs and the tests that compare them).
 inline bool lean_request() {
   const char* env = std::getenv("PYG_DFGNN_LEAN");
   return !env || std::strcmp(env, "0") != 0;
+}
+
+// Whether a launch may take a lean kernel (its kind aside): no edge features,
+// no dropout, the head in one launch column (no wide tile).
+template <typename T, typename I>
+bool lean_applies(const Params<T, I>& p, const Launch& l) {
+  return l.grid.y == 1 && !p.edge && !(p.drop_p > 0.f) && lean_request();
 }
 
 template <int KIND, typename T, typename I, int VEC>
@@ -265,8 +273,7 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     // (vector scores without edge features or dropout, heads in one launch
     // column: the lean forward, the same results bit for bit)
     constexpr bool kLean = KIND != GAT;
-    const bool lean = kLean && l.grid.y == 1 && !p.edge && !(p.drop_p > 0.f) &&
-                      lean_request();
+    const bool lean = kLean && lean_applies(p, l);
     with_blocks<kFwdBlocks<KIND, T, VEC>, kFwdBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
           if constexpr (kLean) {
@@ -462,23 +469,36 @@ inline int alpha_mode_request() {
 // A column pass in mode MODE: on graphs of short columns (short_columns), the
 // instantiation of kShortColBatch edges per batch where there is one (the fp32
 // wide tiles' passes, the fp16 / bf16 recomputing one; attention_kernels.cuh)
+// (lean: bwd_col_lean_kernel, for the calls lean_col admits)
 template <int KIND, typename T, typename I, int VEC, int MODE>
-void launch_col(const Launch& l, const Params<T, I>& p, bool short_cols, cudaStream_t stream) {
+void launch_col(const Launch& l, const Params<T, I>& p, bool short_cols, bool lean,
+                cudaStream_t stream) {
   constexpr int kShort = kShortColBatch<T, VEC, MODE>;
+  auto go = [&](auto batch) {
+    constexpr int BT = decltype(batch)::value;
+    if constexpr (KIND == DOT || KIND == GATV2) {
+      if (lean) {
+        bwd_col_lean_kernel<KIND, T, I, VEC, MODE, BT><<<l.grid, kThreads, 0, stream>>>(p);
+        return;
+      }
+    }
+    bwd_col_kernel<KIND, T, I, VEC, MODE, BT><<<l.grid, kThreads, 0, stream>>>(p);
+  };
   if constexpr (kShort > 0) {
     if (short_cols) {
-      bwd_col_kernel<KIND, T, I, VEC, MODE, kShort><<<l.grid, kThreads, 0, stream>>>(p);
+      go(std::integral_constant<int, kShort>());
       return;
     }
   }
-  bwd_col_kernel<KIND, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
+  go(std::integral_constant<int, 0>());
 }
 
 // the alpha mode's column pass (instantiated for dot attention and GATv2 only)
 template <int KIND, typename T, typename I, int VEC>
-void col_alpha(const Launch& l, const Params<T, I>& p, bool short_cols, cudaStream_t stream) {
+void col_alpha(const Launch& l, const Params<T, I>& p, bool short_cols, bool lean,
+               cudaStream_t stream) {
   if constexpr (KIND == DOT || KIND == GATV2)
-    launch_col<KIND, T, I, VEC, kColAlpha>(l, p, short_cols, stream);
+    launch_col<KIND, T, I, VEC, kColAlpha>(l, p, short_cols, lean, stream);
 }
 
 template <int KIND, typename T, typename I, int VEC>
@@ -610,8 +630,7 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
   }
   if (p.num_items > 0) {
     // (dot-like calls the lean forward takes: the lean row pass, bit for bit)
-    const bool lean = dot_like(KIND) && l.grid.y == 1 && !p.edge && !(p.drop_p > 0.f) &&
-                      lean_request();
+    const bool lean = dot_like(KIND) && lean_applies(p, l);
     with_blocks<kRowBlocks<KIND, T, VEC>, kRowBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
           if constexpr (dot_like(KIND)) {
@@ -686,9 +705,12 @@ void bwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, const Bw
     p.part2 = cpart2.data_ptr<float>();
   }
   if (p.num_items > 0) {
-    if (recompute) launch_col<KIND, T, I, VEC, kColRecompute>(l, p, short_cols, stream);
-    else if (alpha_mode) col_alpha<KIND, T, I, VEC>(l, p, short_cols, stream);
-    else launch_col<KIND, T, I, VCOL, kColStored>(l, p, short_cols, stream);
+    // (the lean column pass: dot attention's and GATv2's, on the calls the
+    // lean forward takes; the same gradients bit for bit)
+    const bool lean = (KIND == DOT || KIND == GATV2) && lean_applies(p, l);
+    if (recompute) launch_col<KIND, T, I, VEC, kColRecompute>(l, p, short_cols, lean, stream);
+    else if (alpha_mode) col_alpha<KIND, T, I, VEC>(l, p, short_cols, lean, stream);
+    else launch_col<KIND, T, I, VCOL, kColStored>(l, p, short_cols, lean, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0) {
@@ -832,10 +854,14 @@ template <int KIND, typename T, typename I, int VEC> struct BwdFn {
   }
 };
 
-#define DFGNN_INSTANTIATE(KIND, NAME)                                                   \
+// (a kind's forward and backward in translation units of their own,
+// attention_<kind>.cu and attention_<kind>_bwd.cu: the build compiles them in
+// parallel, and the backward's instantiations are most of the build's time)
+#define DFGNN_INSTANTIATE_FWD(KIND, NAME)                                               \
   void fwd_##NAME(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& o) { \
     dispatch<KIND, FwdFn>(gr, fa, sc, o);                                               \
-  }                                                                                     \
+  }
+#define DFGNN_INSTANTIATE_BWD(KIND, NAME)                                               \
   void bwd_##NAME(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc,             \
                   const BwdIn& bi, BwdOut& o) {                                         \
     dispatch<KIND, BwdFn>(gr, fa, sc, bi, o);                                           \

@@ -16,8 +16,9 @@ def test_import_does_not_build():
 def test_sources_and_cache_key():
     from pyg_dfgnn import _build
     names = {p.name for p in _build.sources()}
-    assert {"dfgnn_ops.cpp", "attention_gat.cu", "attention_gatv2.cu",
-            "attention_dot.cu"} <= names
+    kinds = ("gat", "gatv2", "dot", "agnn")   # (forward and backward in units of their own)
+    assert {"dfgnn_ops.cpp", *(f"attention_{k}.cu" for k in kinds),
+            *(f"attention_{k}_bwd.cu" for k in kinds)} <= names
     assert len(_build._source_hash()) == 16
 
 

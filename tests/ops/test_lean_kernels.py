@@ -1,10 +1,13 @@
 """The lean kernels (cuda/attention_kernels.cuh): ``fwd_lean_kernel``, the
-forward of vector scores (dot attention, AGNN, GATv2), and
-``bwd_row_lean_kernel``, dot attention's and AGNN's backward row pass.
+forward of vector scores (dot attention, AGNN, GATv2),
+``bwd_row_lean_kernel``, dot attention's and AGNN's backward row pass, and
+``bwd_col_lean_kernel``, dot attention's and GATv2's column pass (stored,
+alpha and recompute modes).
 
 Calls without edge features or dropout, whose heads fit one launch column,
 run kernels without the code of what such a call does not have, with
-fwd_kernel's and bwd_row_kernel's arithmetic in the same order.  So their
+fwd_kernel's, bwd_row_kernel's and bwd_col_kernel's arithmetic in the same
+order.  So their
 output, saved softmax statistics and gradients must be those kernels' bit for
 bit (``PYG_DFGNN_LEAN=0`` runs them everywhere); the statistics are compared
 through the backward, which recomputes alpha from them.  Accuracy against
@@ -115,15 +118,16 @@ def test_lean_kernels_equal_plain_ones(case, dtype, H, F, split, monkeypatch):
 @pytest.mark.parametrize("H,F,dtype", [(4, 64, torch.float32), (8, 10, torch.float32),
                                        (8, 10, torch.bfloat16), (4, 64, torch.float16),
                                        (8, 20, torch.bfloat16)])
-@pytest.mark.parametrize("case", ["dot", "dot_key_scale", "agnn"])
-def test_lean_row_pass_in_every_backward_mode(case, H, F, dtype, mode, alpha, q_scale,
-                                              monkeypatch):
+@pytest.mark.parametrize("case", ["dot", "dot_key_scale", "agnn", "gatv2"])
+def test_lean_backward_in_every_mode(case, H, F, dtype, mode, alpha, q_scale, monkeypatch):
     """The row pass writes the stored mode's per-edge arrays (pairs, or alpha
     alone with ``PYG_DFGNN_ALPHA_MODE=1``) or the recompute mode's Delta for
-    the column pass, which must read the same values either way; with
-    queries 60x larger most rows are nearly saturated, so that some groups
-    of a warp sweep their row a second time with the exact Delta and the
-    others do not."""
+    the column pass, which reads them (stored, alpha) or recomputes alpha and
+    dS from the row statistics (recompute) on the lean walk or the plain one
+    (GATv2's row pass and AGNN's column pass, a key scale's too, are the
+    plain ones either way); with queries 60x larger most rows are nearly
+    saturated, so that some groups of a warp sweep their row a second time
+    with the exact Delta and the others do not."""
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
     monkeypatch.setenv("PYG_DFGNN_ALPHA_MODE", alpha)
     gen = torch.Generator().manual_seed(H * 100 + F)
@@ -162,10 +166,11 @@ def _kernels(fn):
 
 
 def test_lean_kernels_run_where_they_apply(monkeypatch):
-    """Which kernels a call launches: the lean forward for dot attention, AGNN
-    and GATv2 without edge features or dropout, and the lean row pass for
-    dot attention and AGNN; the plain ones with edge features, with dropout,
-    for GAT (and GATv2's row pass), and under ``PYG_DFGNN_LEAN=0``."""
+    """Which kernels a call launches: the lean forward for dot attention,
+    AGNN and GATv2 without edge features or dropout, the lean row pass for
+    dot attention and AGNN, and the lean column pass for dot attention and
+    GATv2; the plain ones with edge features, with dropout, for GAT (and
+    GATv2's row pass, AGNN's column pass), and under ``PYG_DFGNN_LEAN=0``."""
     gen = torch.Generator().manual_seed(3)
     ns = 50
     ei = random_graph(ns, ns, 300, generator=gen).cuda()
@@ -178,19 +183,27 @@ def test_lean_kernels_run_where_they_apply(monkeypatch):
     a = torch.randn(ns, 4, generator=gen).cuda()
 
     def lean_ran(fn):
-        """(lean forward, lean row pass) of one forward and backward."""
+        """(lean forward, lean row pass, lean column pass) of one forward and
+        backward."""
         names = _kernels(lambda: fn()[0].sum().backward())
         fwd = [n for n in names if "fwd_lean_kernel" in n or "fwd_kernel<" in n]
         row = [n for n in names if "bwd_row_lean_kernel" in n or "bwd_row_kernel<" in n]
-        assert len(fwd) == 1 and len(row) <= 1, names
-        return "fwd_lean_kernel" in fwd[0], bool(row) and "bwd_row_lean_kernel" in row[0]
-    assert lean_ran(lambda: ops.dot_attention(g, q, k, v)) == (True, True)
-    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.0)) == (True, True)
-    assert lean_ran(lambda: ops.agnn_attention(g, x, 1.0)) == (True, True)
-    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, e)) == (False, False)
-    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.3)) == (False, False)
-    assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att)) == (True, False)
-    assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att, e)) == (False, False)
-    assert lean_ran(lambda: ops.gat_attention(g, v, a, a)) == (False, False)
+        col = [n for n in names if "bwd_col_lean_kernel" in n or "bwd_col_kernel<" in n]
+        assert len(fwd) == 1 and len(row) <= 1 and len(col) == 1, names
+        return ("fwd_lean_kernel" in fwd[0], bool(row) and "bwd_row_lean_kernel" in row[0],
+                "bwd_col_lean_kernel" in col[0])
+    lean = (True, True, True)
+    plain = (False, False, False)
+    for mode in ("store", "recompute"):   # (the column pass in both modes)
+        monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
+        assert lean_ran(lambda: ops.dot_attention(g, q, k, v)) == lean
+        assert lean_ran(lambda: ops.agnn_attention(g, x, 1.0)) == (True, True, False)
+        assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att)) == (True, False, True)
+        assert lean_ran(lambda: ops.dot_attention(g, q, k, v, e)) == plain
+    monkeypatch.delenv("PYG_DFGNN_BACKWARD")
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.0)) == lean
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.3)) == plain
+    assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att, e)) == plain
+    assert lean_ran(lambda: ops.gat_attention(g, v, a, a)) == plain
     monkeypatch.setenv("PYG_DFGNN_LEAN", "0")
-    assert lean_ran(lambda: ops.dot_attention(g, q, k, v)) == (False, False)
+    assert lean_ran(lambda: ops.dot_attention(g, q, k, v)) == plain
