@@ -1092,9 +1092,9 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_kernel(const Params<T, I
 }
 
 // ---------------------------------------------------- lean vector forward
-// The forward of vector scores (dot attention, AGNN, GATv2) of a call
-// without edge features or dropout whose heads fit one tile (a launch
-// column): fwd_kernel's
+// The forward of a call without edge features or dropout whose heads fit
+// one tile (a launch column), vector scores (dot attention, AGNN, GATv2) and
+// GAT's (fwd_lean_lane_edges, below; session 48): fwd_kernel's
 // arithmetic in the same order -- the same lane slices, butterflies, online
 // softmax and epilogue, so its output and lse are fwd_kernel's bit for bit
 // (tests/ops/test_lean_kernels.py) -- without the code of what such a call
@@ -1154,6 +1154,30 @@ __device__ __forceinline__ float warp_group_sum(float v, int G) {
     }
   }
   return v;
+}
+
+// The group maximum on the full warp mask, as warp_group_sum (fmaxf in any
+// order: the same value as Group::max)
+__device__ __forceinline__ float warp_group_max(float v, int G) {
+  if (G > 1) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float u = __shfl_xor_sync(0xffffffffu, v, o);
+      if (o < G) v = fmaxf(v, u);
+    }
+  }
+  return v;
+}
+
+// The warp's largest of a non-negative count (the lean kernels' batch counts)
+__device__ __forceinline__ int warp_max_count(int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return (int)__reduce_max_sync(0xffffffffu, (unsigned)n);
+#else
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) n = max(n, __shfl_xor_sync(0xffffffffu, n, o));
+  return n;
+#endif
 }
 
 // SAME: the keys are the values (AGNN, or dot attention's k and v one tensor;
@@ -1221,10 +1245,71 @@ __device__ __forceinline__ void fwd_lean_edges(const Params<T, I>& p, const Feat
   }
 }
 
+// GAT's scores on the lean walk (fwd_lane_edges' arithmetic in the same
+// order: lane t of a group scores edge base + t, the group's max and sum of
+// the batch update the softmax, the batch's value rows are broadcast and
+// added in edge order).  Every lane walks the warp's largest count of G-edge
+// batches, the max and sum run on the full mask, a batch that does not raise
+// the row's max skips the rescale (x expf(0) = 1 is exact), and a batch past
+// a group's end changes nothing (its scores are -inf, its weights 0); the
+// broadcasts run to the warp's largest edge count of the batch, each group
+// loading and adding only its own edges.
+// (rows in flight per lane: 4, as fwd_lane_edges' unrolled loop, where a
+// lane's row slice is up to 16 bytes; 2 above, where 4 spilled 72-84 B in fp32
+// at 8 floats per lane, ptxas, nvcc 13.0 sm_90)
+template <typename T, int VEC> constexpr int kLaneGather = sizeof(Packed<T, VEC>) <= 16 ? 4 : 2;
+template <typename T, typename I, int VEC>
+__device__ __forceinline__ void fwd_lean_lane_edges(const Params<T, I>& p, const Feat<VEC>& ft,
+                                                    const Item& it, int trips, float a_dst,
+                                                    Softmax<VEC>& sm) {
+  const int G = p.G;
+  const int lane = threadIdx.x & 31;
+  const int lg = lane & (G - 1), first = lane & ~(G - 1);
+  const int64_t h = it.h;
+  const T* vb = p.val + h * p.F;   // (value rows: [N, H, F])
+  const int64_t ldv = p.H * p.F;
+  const LaneOffsets<VEC> lo(ft);
+  for (int k = 0; k < trips; ++k) {
+    const int64_t base = it.begin + (int64_t)k * G;
+    const int64_t e = base + lg;
+    const bool valid = e < it.end;
+    const I j = valid ? p.col[e] : I(0);
+    float s = -INFINITY;
+    if (valid) s = leaky(to_f(p.src[(int64_t)j * p.H + h]) + a_dst, p.slope);
+    const float mx = fmaxf(sm.m, warp_group_max(s, G));
+    if (mx > sm.m) sm.rescale(mx);
+    const float pe = valid ? expf(s - sm.m) : 0.f;
+    sm.l += warp_group_sum(pe, G);
+    const int cnt = (int)imin(G, it.end - base);   // (<= 0 past the group's end)
+    const int wc = warp_max_count(max(cnt, 0));
+    // NG rows in flight per lane, added in edge order
+    constexpr int NG = kLaneGather<T, VEC>;
+    for (int t0 = 0; t0 < wc; t0 += NG) {
+      Packed<T, VEC> x[NG];
+      float w[NG];
+#pragma unroll
+      for (int u = 0; u < NG; ++u) {
+        const int src = (first + t0 + u) & 31;   // (past wc: a lane whose value is not used)
+        const I jt = __shfl_sync(0xffffffffu, j, src);
+        w[u] = __shfl_sync(0xffffffffu, pe, src);
+        if (t0 + u < cnt) lo.load(vb + (int64_t)jt * ldv, x[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < NG; ++u) {
+        if (t0 + u < cnt) {
+          float v[kChunks<VEC>][kW<VEC>];
+          unpack<T, VEC>(x[u], v);
+          sm.add(w[u], v);
+        }
+      }
+    }
+  }
+}
+
 template <int KIND, typename T, typename I, int VEC, int BLOCKS>
 __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_lean_kernel(const Params<T, I> p) {
-  static_assert(dot_like(KIND) || KIND == GATV2, "the lean forward has vector scores");
-  constexpr int B = kBatch<KIND, T>;
+  // (GAT: lanes own edges, batches of G)
+  constexpr int B = KIND == GAT ? 1 : kBatch<KIND, T>;
   const Group g(p.G);
   Item it;
   const bool live = get_item(p, p.rowptr, it);
@@ -1239,14 +1324,17 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_lean_kernel(const Params
     zero_tile<VEC>(r.at);
   }
   // the warp's largest batch count (every lane runs every butterfly)
-  int trips = (int)((it.end - it.begin + B - 1) / B);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) trips = max(trips, __shfl_xor_sync(0xffffffffu, trips, o));
+  const int64_t per = KIND == GAT ? (int64_t)p.G : (int64_t)B;
+  const int trips = warp_max_count((int)((it.end - it.begin + per - 1) / per));
   Softmax<VEC> sm;
-  const bool same = KIND != DOT ||
-                    (p.src == p.val && p.ld_src == p.ld_val && p.hs_src == p.hs_val);
-  if (same) fwd_lean_edges<KIND, true, T, I, VEC>(p, ft, it, trips, r, sm);
-  else if constexpr (KIND == DOT) fwd_lean_edges<KIND, false, T, I, VEC>(p, ft, it, trips, r, sm);
+  if constexpr (KIND == GAT) {
+    fwd_lean_lane_edges<T, I, VEC>(p, ft, it, trips, live ? r.a_dst : 0.f, sm);
+  } else {
+    const bool same = KIND != DOT ||
+                      (p.src == p.val && p.ld_src == p.ld_val && p.hs_src == p.hs_val);
+    if (same) fwd_lean_edges<KIND, true, T, I, VEC>(p, ft, it, trips, r, sm);
+    else if constexpr (KIND == DOT) fwd_lean_edges<KIND, false, T, I, VEC>(p, ft, it, trips, r, sm);
+  }
   if (live) write_row<T, I, VEC>(p, g, ft, it, sm.m, sm.l, sm.acc);
 }
 

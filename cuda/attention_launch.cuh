@@ -231,7 +231,7 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
   return p;
 }
 
-// The lean kernels (fwd_lean_kernel: vector scores' forward; bwd_row_lean_kernel:
+// The lean kernels (fwd_lean_kernel: every kind's forward; bwd_row_lean_kernel:
 // dot-like row pass; bwd_col_lean_kernel: dot attention's and GATv2's column pass)
 // where they apply, unless PYG_DFGNN_LEAN=0 (fwd_kernel, bwd_row_kernel and
 // bwd_col_kernel everywhere: for A/B runs and the tests that compare them).
@@ -270,18 +270,15 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     p.part_l = p.part_m + sc.slots * p.H;
   }
   if (p.num_items > 0) {
-    // (vector scores without edge features or dropout, heads in one launch
-    // column: the lean forward, the same results bit for bit)
-    constexpr bool kLean = KIND != GAT;
-    const bool lean = kLean && lean_applies(p, l);
+    // (calls without edge features or dropout, heads in one launch column:
+    // the lean forward, the same results bit for bit)
+    const bool lean = lean_applies(p, l);
     with_blocks<kFwdBlocks<KIND, T, VEC>, kFwdBlocksSmall<KIND, T, VEC>>(
         l2_resident<KIND, T>(fa), [&](auto b) {
-          if constexpr (kLean) {
-            if (lean) {
-              fwd_lean_kernel<KIND, T, I, VEC, decltype(b)::value>
-                  <<<l.grid, kThreads, 0, stream>>>(p);
-              return;
-            }
+          if (lean) {
+            fwd_lean_kernel<KIND, T, I, VEC, decltype(b)::value>
+                <<<l.grid, kThreads, 0, stream>>>(p);
+            return;
           }
           fwd_kernel<KIND, T, I, VEC, decltype(b)::value><<<l.grid, kThreads, 0, stream>>>(p);
         });

@@ -1,5 +1,5 @@
 """The lean kernels (cuda/attention_kernels.cuh): ``fwd_lean_kernel``, the
-forward of vector scores (dot attention, AGNN, GATv2),
+forward of every kind (dot attention, AGNN, GATv2 and GAT),
 ``bwd_row_lean_kernel``, dot attention's and AGNN's backward row pass, and
 ``bwd_col_lean_kernel``, dot attention's and GATv2's column pass (stored,
 alpha and recompute modes).
@@ -29,7 +29,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: of 256 (32 lanes), a head wider than one group's tile in half precision
 SHAPES = [(4, 64), (8, 10), (8, 20), (2, 128), (1, 256), (4, 16), (3, 8)]
 CASES = ["dot", "dot_kv_one", "dot_shared_heads", "dot_key_scale", "dot_residual",
-         "dot_strided", "agnn", "gatv2"]
+         "dot_strided", "agnn", "gatv2", "gat"]
 
 
 def _problem(case, H, F, dtype, gen, q_scale=1.0):
@@ -45,6 +45,10 @@ def _problem(case, H, F, dtype, gen, q_scale=1.0):
         x = r(ns, H * F)
         beta = torch.tensor(0.7, device="cuda")
         return g, (lambda x, beta: ops.agnn_attention(g, x, beta)[0]), [x, beta]
+    if case == "gat":
+        x, a_src, a_dst = r(ns, H, F), r(ns, H), r(nd, H) * q_scale
+        return g, (lambda x, a_src, a_dst: ops.gat_attention(g, x, a_src, a_dst)[0]), \
+            [x, a_src, a_dst]
     q = r(nd, H, F) * q_scale
     if case == "gatv2":
         xs, att = r(ns, H, F), r(H, F)
@@ -108,6 +112,9 @@ def test_lean_kernels_equal_plain_ones(case, dtype, H, F, split, monkeypatch):
     to fwd_kernel's, on a graph with a super row, an isolated row and items
     that leave lanes of the last warp without a row; ``split=16`` cuts rows
     longer than 16 edges into segments merged after the kernel."""
+    if case == "gat":   # (its default backward adds row sums with atomics, in an order that
+        # varies from run to run; the single-gather one is deterministic)
+        monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
     gen = torch.Generator().manual_seed(CASES.index(case) * 1000 + H * 100 + F)
     g, fn, leaves = _problem(case, H, F, dtype, gen)
     _assert_equal(_lean_vs_plain(fn, leaves, monkeypatch, split=split))
@@ -166,11 +173,12 @@ def _kernels(fn):
 
 
 def test_lean_kernels_run_where_they_apply(monkeypatch):
-    """Which kernels a call launches: the lean forward for dot attention,
-    AGNN and GATv2 without edge features or dropout, the lean row pass for
+    """Which kernels a call launches: the lean forward for every kind
+    without edge features or dropout, the lean row pass for
     dot attention and AGNN, and the lean column pass for dot attention and
-    GATv2; the plain ones with edge features, with dropout, for GAT (and
-    GATv2's row pass, AGNN's column pass), and under ``PYG_DFGNN_LEAN=0``."""
+    GATv2; the plain ones with edge features, with dropout, for GAT's
+    backward (and GATv2's row pass, AGNN's column pass), and under
+    ``PYG_DFGNN_LEAN=0``."""
     gen = torch.Generator().manual_seed(3)
     ns = 50
     ei = random_graph(ns, ns, 300, generator=gen).cuda()
@@ -181,6 +189,7 @@ def test_lean_kernels_run_where_they_apply(monkeypatch):
     x = torch.randn(ns, 32, generator=gen).cuda().requires_grad_(True)
     att = torch.randn(4, 16, generator=gen).cuda()
     a = torch.randn(ns, 4, generator=gen).cuda()
+    ae = torch.randn(ei.size(1), 4, generator=gen).cuda()
 
     def lean_ran(fn):
         """(lean forward, lean row pass, lean column pass) of one forward and
@@ -204,6 +213,8 @@ def test_lean_kernels_run_where_they_apply(monkeypatch):
     assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.0)) == lean
     assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.3)) == plain
     assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att, e)) == plain
-    assert lean_ran(lambda: ops.gat_attention(g, v, a, a)) == plain
+    assert lean_ran(lambda: ops.gat_attention(g, v, a, a)) == (True, False, False)
+    assert lean_ran(lambda: ops.gat_attention(g, v, a, a, ae)) == plain
+    assert lean_ran(lambda: ops.gat_attention(g, v, a, a, dropout=0.3)) == plain
     monkeypatch.setenv("PYG_DFGNN_LEAN", "0")
     assert lean_ran(lambda: ops.dot_attention(g, q, k, v)) == plain
