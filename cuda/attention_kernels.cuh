@@ -1192,7 +1192,6 @@ __device__ __forceinline__ void fwd_lean_edges(const Params<T, I>& p, const Feat
   const T* vb = p.val + h * p.hs_val;
   const int64_t ld_val = KIND == GATV2 ? p.H * p.F : p.ld_val;   // (GATv2's rows: contiguous)
   const LaneOffsets<VEC> lo(ft);
-  auto load = [&](const T* row, Packed<T, VEC>& x) { lo.load(row, x); };
   for (int64_t k = 0; k < trips; ++k) {
     const int64_t base = it.begin + k * B;
     const int n = (int)imin(B, it.end - base);   // <= 0 past the group's end
@@ -1203,10 +1202,10 @@ __device__ __forceinline__ void fwd_lean_edges(const Params<T, I>& p, const Feat
     float c[KIND == AGNN ? B : 1];
 #pragma unroll
     for (int t = 0; t < B; ++t) {
-      if (t < n) load(vb + j[t] * ld_val, v[t]);
+      if (t < n) lo.load(vb + j[t] * ld_val, v[t]);
       else zero_packed<T, VEC>(v[t]);
       if constexpr (!SAME) {
-        if (t < n) load(kb + j[t] * p.ld_src, kr[t]);
+        if (t < n) lo.load(kb + j[t] * p.ld_src, kr[t]);
         else zero_packed<T, VEC>(kr[t]);
       }
       if constexpr (KIND == AGNN) c[t] = t < n ? key_scale<KIND>(p, j[t], h) : 1.f;

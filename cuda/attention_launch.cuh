@@ -466,7 +466,7 @@ inline int alpha_mode_request() {
 // A column pass in mode MODE: on graphs of short columns (short_columns), the
 // instantiation of kShortColBatch edges per batch where there is one (the fp32
 // wide tiles' passes, the fp16 / bf16 recomputing one; attention_kernels.cuh)
-// (lean: bwd_col_lean_kernel, for the calls lean_col admits)
+// (lean: bwd_col_lean_kernel, where bwd_impl found lean_applies)
 template <int KIND, typename T, typename I, int VEC, int MODE>
 void launch_col(const Launch& l, const Params<T, I>& p, bool short_cols, bool lean,
                 cudaStream_t stream) {
