@@ -1811,7 +1811,6 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
     delta = warp_group_sum(tile_dot<VEC>(dO, o), p.G);
   }
   const LaneOffsets<VEC> lo(ft);
-  auto load = [&](const T* rp, Packed<T, VEC>& x) { lo.load(rp, x); };
   const T* kb = p.src + h * F;   // (the backward's k / v: heads F apart)
   const T* vb = p.val + h * F;
   constexpr float kRoundoff = sizeof(T) >= 4 ? 5.96e-8f : (sizeof(T) == 2 && std::is_same<T, c10::Half>::value ? 4.88e-4f : 3.91e-3f);
@@ -1825,9 +1824,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
       zero_tile<VEC>(acc);
       delta_exact = amax = dmax = 0.f;
     }
-    int trips = active ? my_trips : 0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) trips = max(trips, __shfl_xor_sync(0xffffffffu, trips, o));
+    const int trips = warp_max_count(active ? my_trips : 0);
     for (int64_t k = 0; k < trips; ++k) {
       const int64_t base = it.begin + k * B;
       const int n = active ? (int)imin(B, it.end - base) : 0;
@@ -1838,10 +1835,10 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
       float c[KIND == AGNN ? B : 1];
 #pragma unroll
       for (int t = 0; t < B; ++t) {
-        if (t < n) load(vb + j[t] * p.ld_val, v[t]);
+        if (t < n) lo.load(vb + j[t] * p.ld_val, v[t]);
         else zero_packed<T, VEC>(v[t]);
         if constexpr (KIND == DOT) {
-          if (t < n) load(kb + j[t] * p.ld_src, kr[t]);
+          if (t < n) lo.load(kb + j[t] * p.ld_src, kr[t]);
           else zero_packed<T, VEC>(kr[t]);
         }
         if constexpr (KIND == AGNN) c[t] = t < n ? key_scale<KIND>(p, j[t], h) : 1.f;
@@ -1958,7 +1955,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
 // AGNN's took 1.05-1.23x, so AGNN keeps bwd_col_kernel.
 template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH, bool LEAN>
 __device__ __forceinline__ void col_pass(const Params<T, I>& p) {
-  static_assert(!LEAN || KIND == DOT || KIND == GATV2, "the lean column pass is dot attention's and GATv2's");
+  static_assert(!LEAN || KIND != AGNN, "AGNN's column pass is the plain one (bwd_col_kernel)");
   constexpr bool ALPHA = MODE == kColAlpha;        // alpha stored, dP formed here
   constexpr bool RECOMPUTE = MODE != kColStored && !ALPHA;   // alpha recomputed here
   static_assert(!ALPHA || KIND == DOT || KIND == GATV2,
@@ -2029,11 +2026,7 @@ __device__ __forceinline__ void col_pass(const Params<T, I>& p) {
   if constexpr (KIND != GAT) zero_tile<VEC>(dk);
   // (lean: the warp's largest batch count; n <= 0 past a group's end)
   int trips = 0;
-  if constexpr (LEAN) {
-    trips = (int)((it.end - it.begin + B - 1) / B);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) trips = max(trips, __shfl_xor_sync(0xffffffffu, trips, o));
-  }
+  if constexpr (LEAN) trips = warp_max_count((int)((it.end - it.begin + B - 1) / B));
   int k = 0;
   for (int64_t base = it.begin; LEAN ? k < trips : base < it.end; base += B, ++k) {
     const int n = (int)imin(B, it.end - base);

@@ -343,7 +343,11 @@ ColSlots gat_col_pass(Params<T, I>& p, const Sched& sc, int64_t Ns, const at::Te
   }
   cs.split = sc.t_slots > 0 && sc.t_merge.defined() && sc.t_merge.size(0) > 0;
   if (p.num_items > 0) {
-    bwd_col_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
+    // (the lean column pass on the calls the lean forward takes: in emit-dP
+    // mode the same per-edge dP and d_val bit for bit; in atomic mode the same
+    // terms, added to the row sums in the atomics' order)
+    if (lean_applies(p, l)) bwd_col_lean_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
+    else bwd_col_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (cs.split && p.d_val) {

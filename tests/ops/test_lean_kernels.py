@@ -2,7 +2,7 @@
 forward of every kind (dot attention, AGNN, GATv2 and GAT),
 ``bwd_row_lean_kernel``, dot attention's and AGNN's backward row pass, and
 ``bwd_col_lean_kernel``, dot attention's and GATv2's column pass (stored,
-alpha and recompute modes).
+alpha and recompute modes) and GAT's (emit-dP and atomic modes).
 
 Calls without edge features or dropout, whose heads fit one launch column,
 run kernels without the code of what such a call does not have, with
@@ -175,10 +175,10 @@ def _kernels(fn):
 def test_lean_kernels_run_where_they_apply(monkeypatch):
     """Which kernels a call launches: the lean forward for every kind
     without edge features or dropout, the lean row pass for
-    dot attention and AGNN, and the lean column pass for dot attention and
-    GATv2; the plain ones with edge features, with dropout, for GAT's
-    backward (and GATv2's row pass, AGNN's column pass), and under
-    ``PYG_DFGNN_LEAN=0``."""
+    dot attention and AGNN, and the lean column pass for dot attention,
+    GATv2 and GAT (its atomic and single-gather modes); the plain ones with
+    edge features, with dropout (and GATv2's row pass, AGNN's column pass),
+    and under ``PYG_DFGNN_LEAN=0``."""
     gen = torch.Generator().manual_seed(3)
     ns = 50
     ei = random_graph(ns, ns, 300, generator=gen).cuda()
@@ -213,7 +213,10 @@ def test_lean_kernels_run_where_they_apply(monkeypatch):
     assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.0)) == lean
     assert lean_ran(lambda: ops.dot_attention(g, q, k, v, dropout=0.3)) == plain
     assert lean_ran(lambda: ops.gatv2_attention(g, k, q, att, e)) == plain
-    assert lean_ran(lambda: ops.gat_attention(g, v, a, a)) == (True, False, False)
+    assert lean_ran(lambda: ops.gat_attention(g, v, a, a)) == (True, False, True)   # (atomic)
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")   # (its single-gather column pass)
+    assert lean_ran(lambda: ops.gat_attention(g, v, a, a)) == (True, False, True)
+    monkeypatch.delenv("PYG_DFGNN_BACKWARD")
     assert lean_ran(lambda: ops.gat_attention(g, v, a, a, ae)) == plain
     assert lean_ran(lambda: ops.gat_attention(g, v, a, a, dropout=0.3)) == plain
     monkeypatch.setenv("PYG_DFGNN_LEAN", "0")
