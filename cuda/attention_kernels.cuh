@@ -101,6 +101,10 @@ constexpr int kWide8Chunks = 3;
 #define DFGNN_WIDE8X5_TILES 1
 #endif
 constexpr int kWide8Chunks5 = 5;
+// GAT's backward on wide tiles (attention_launch.cuh, dispatch)
+#ifndef DFGNN_GAT_WIDE_BWD
+#define DFGNN_GAT_WIDE_BWD 1
+#endif
 // AGNN's widest heads: where the wide tile still takes 16 lanes or more, four
 // float4 (fp32, every pass) or three 16-byte vectors (fp16 / bf16, forward
 // only) per lane if that takes fewer (attention_launch.cuh, dispatch;

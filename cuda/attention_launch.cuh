@@ -331,7 +331,9 @@ ColSlots gat_col_pass(Params<T, I>& p, const Sched& sc, int64_t Ns, const at::Te
   const int64_t H = p.H;
   p.work = iptr<I>(sc.t_work);
   p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
-  p.G = choose_group(sc.group, p.F, VEC, GAT);
+  // (lanes per (column, head) as the features need: the forward's minimum of
+  // 4 lanes is for its lanes' scores, which this pass does not share out)
+  p.G = choose_group(sc.group, p.F, VEC, DFGNN_GAT_WIDE_BWD ? DOT : GAT);
   const Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
   p.tile = l.tile;
   ColSlots cs;
@@ -799,6 +801,33 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
       if (half_x5) {
         by_index(std::integral_constant<int, VMAX / 4 + 16 * kWide8Chunks5>());
         return;
+      }
+    }
+    // GAT's backward gathers features in its column pass alone (the atomic
+    // and single-gather modes; the rest is scalar per edge), on a lane group
+    // without the forward's minimum of 4 (gat_col_pass).  Heads a multiple of
+    // 8 bytes but not of 16 (8 x 10 in fp32, 8 x 19 padded to 20 in fp16 /
+    // bf16) take five 8-byte chunks per lane, and half-precision heads a
+    // multiple of 4 bytes but not of 8 (8 x 10) five 4-byte ones, where that
+    // needs fewer lanes: one lane per head at the paper shapes instead of 4.  Measured on an H200 (docs/KERNELS.md,
+    // session 49): the column pass 0.50-0.73x on the uniform and PATTERN
+    // graphs, 0.88-1.00x on the power-law one; the wide tile on 16-byte
+    // vectors (bf16 4 x 64 on 4 lanes instead of 8, 2 resident blocks) took
+    // 1.12x and is not used.  DFGNN_GAT_WIDE_BWD = 0 turns this off.
+    if constexpr (KIND == GAT && !kFwd && DFGNN_GAT_WIDE_BWD) {
+      auto col_lanes = [&](int vec) { return choose_group(0, F, vec, DOT); };
+      constexpr int X5 = VMAX / 2 + 16 * kWide8Chunks5;
+      if (F % VMAX != 0 && F % (VMAX / 2) == 0) {
+        if (col_lanes(X5) < col_lanes(VMAX / 2)) {
+          by_index(std::integral_constant<int, X5>());
+          return;
+        }
+      } else if constexpr (sizeof(T) == 2) {
+        constexpr int X5N = VMAX / 4 + 16 * kWide8Chunks5;
+        if (F % (VMAX / 2) != 0 && F % (VMAX / 4) == 0 && col_lanes(X5N) < col_lanes(VMAX / 4)) {
+          by_index(std::integral_constant<int, X5N>());
+          return;
+        }
       }
     }
     if constexpr (DFGNN_WIDE_TILES && (dot_like(KIND) || KIND == GATV2)) {

@@ -315,18 +315,21 @@ def test_gat_atomic_backward(kind, heads, split, dtype, monkeypatch):
     check(kind, ei, 150, 140, heads, 16, dtype, dropout=0.2, seed=heads, split=split)
 
 
-@pytest.mark.parametrize("heads,feat", [(8, 10), (8, 20), (4, 64), (1, 256), (3, 8)])
+@pytest.mark.parametrize("mode", ["auto", "store"])
+@pytest.mark.parametrize("heads,feat", [(8, 10), (8, 20), (4, 64), (1, 256), (3, 8), (2, 6)])
 @pytest.mark.parametrize("split", [None, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_gat_atomic_backward_lean(heads, feat, split, dtype, monkeypatch):
-    """The atomic backward without dropout, where its column pass is the
-    lean one (bwd_col_lean_kernel in kColAtomic mode: no edge features, no
-    dropout, the head in one launch column): the paper shapes' widths, a head
-    of 32 lanes and one of 3 x 8, split rows / columns, against the float64
-    reference (the atomics' order varies from run to run, so the lean / plain
-    comparison bit for bit is tests/ops/test_lean_kernels.py's on the
-    deterministic single-gather mode)."""
-    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "auto")
+def test_gat_atomic_backward_lean(heads, feat, split, dtype, mode, monkeypatch):
+    """GAT's backward without dropout, where its column pass is the lean one
+    (bwd_col_lean_kernel: no edge features, no dropout, the head in one launch
+    column) in the atomic (auto) and single-gather (store) modes: the paper
+    shapes' widths -- 10 and 20 on five-chunk tiles, one lane per head
+    (attention_launch.cuh, dispatch) --, a head of 32 lanes, 3 x 8 and 2 x 6,
+    split rows / columns, against the float64 reference (the atomics' order
+    varies from run to run, so the lean / plain comparison bit for bit is
+    tests/ops/test_lean_kernels.py's on the deterministic single-gather
+    mode)."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", mode)
     ei = random_graph(150, 140, 1500, super_node=(700, 5))
     ei = torch.cat([ei, torch.stack([torch.full((300,), 7), torch.randint(0, 140, (300,))])], 1)
     check("gat", ei, 150, 140, heads, feat, dtype, dropout=0.0, seed=heads * feat, split=split)

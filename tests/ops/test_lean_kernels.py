@@ -221,3 +221,22 @@ def test_lean_kernels_run_where_they_apply(monkeypatch):
     assert lean_ran(lambda: ops.gat_attention(g, v, a, a, dropout=0.3)) == plain
     monkeypatch.setenv("PYG_DFGNN_LEAN", "0")
     assert lean_ran(lambda: ops.dot_attention(g, q, k, v)) == plain
+
+
+@pytest.mark.parametrize("dtype,feat,vec", [(torch.float32, 10, 82), (torch.bfloat16, 10, 82),
+                                            (torch.bfloat16, 20, 84), (torch.float16, 20, 84),
+                                            (torch.float32, 20, 4), (torch.bfloat16, 64, 8)])
+def test_gat_backward_tile(dtype, feat, vec):
+    """GAT's column pass runs on five chunks per lane (one lane per head: the
+    VEC template argument 16 * 5 + the chunk's elements) where a head is a
+    multiple of 8 bytes but not of 16, or in half precision of 4 bytes but not
+    of 8; on the forward's vectors elsewhere (attention_launch.cuh, dispatch)."""
+    gen = torch.Generator().manual_seed(feat)
+    ns = 40
+    g = get_graph(random_graph(ns, ns, 200, generator=gen).cuda(), (ns, ns))
+    x = torch.randn(ns, 8, feat, generator=gen).to("cuda", dtype).requires_grad_(True)
+    a = torch.randn(ns, 8, generator=gen).to("cuda", dtype)
+    names = _kernels(lambda: ops.gat_attention(g, x, a, a)[0].sum().backward())
+    col = [n for n in names if "bwd_col_lean_kernel" in n]
+    assert len(col) == 1, names
+    assert f"int, {vec}, 3" in col[0], col[0]
