@@ -1943,20 +1943,22 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
 // rows over all features: a launch column adds the features outside its tile
 // from memory (`wide`), as the row pass does.
 //
-// LEAN (bwd_col_lean_kernel): calls of dot attention and GATv2 without edge
-// features or dropout whose heads fit one launch column (no `wide` tile), in
-// the stored, alpha and recompute modes: the same arithmetic in the same order as
-// bwd_col_kernel (so the same gradients bit for bit:
+// LEAN (bwd_col_lean_kernel): calls of dot attention and GATv2 (stored, alpha
+// and recompute modes) and of GAT (emit-dP and atomic modes: gat_col_pass)
+// without edge features or dropout whose heads fit one launch column (no
+// `wide` tile): the same arithmetic in the same order as bwd_col_kernel (so
+// the same gradients bit for bit, GAT's atomics' order aside:
 // tests/ops/test_lean_kernels.py), on the lean row pass's warp-uniform walk:
 // every lane walks the warp's largest batch count, so the butterflies run on
 // the full warp mask (warp_group_sum) instead of a loop on the group's mask
-// with a convergence check per step; a group past its column's end loads
-// nothing and adds nothing; the lanes' chunk offsets are 32-bit numbers in
+// with a convergence check per step; a group past its column's end re-reads
+// a valid edge and adds nothing; the lanes' chunk offsets are 32-bit numbers in
 // registers (LaneOffsets); the edge-feature, dropout and wide-tile paths are
 // compiled out.  Measured on an H200 (docs/KERNELS.md, session 48): the
 // column pass 0.70-0.92x for the Transformer's 8 x 10 and 8 x 19 (fp32 and
-// bf16 on the 100k graphs, fp32 on a PATTERN batch), 0.90-0.99x for GATv2;
-// AGNN's took 1.05-1.23x, so AGNN keeps bwd_col_kernel.
+// bf16 on the 100k graphs, fp32 on a PATTERN batch), 0.90-0.99x for GATv2,
+// GAT's 0.67-0.95x (session 49); AGNN's took 1.05-1.23x, so AGNN keeps
+// bwd_col_kernel.
 template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH, bool LEAN>
 __device__ __forceinline__ void col_pass(const Params<T, I>& p) {
   static_assert(!LEAN || KIND != AGNN, "AGNN's column pass is the plain one (bwd_col_kernel)");

@@ -60,6 +60,13 @@ inline int choose_group(int forced, int64_t F, int vec, int kind) {
   return g;
 }
 
+// The lanes a head of F features needs on VEC, without a kind's minimum:
+// GAT's column pass, which does not share its edges out among the group's
+// lanes as its forward does (gat_col_pass, dispatch)
+inline int feature_group(int forced, int64_t F, int vec) {
+  return choose_group(forced, F, vec, -1);
+}
+
 
 // Backward column-pass mode (bwd_col_kernel): recompute alpha and dS from the
 // row statistics (nothing per edge stored; slower) or store them per edge as
@@ -232,7 +239,7 @@ Params<T, I> make_params(const GraphArgs& gr, const FeatArgs& fa, int kind) {
 }
 
 // The lean kernels (fwd_lean_kernel: every kind's forward; bwd_row_lean_kernel:
-// dot-like row pass; bwd_col_lean_kernel: dot attention's and GATv2's column pass)
+// dot-like row pass; bwd_col_lean_kernel: every column pass but AGNN's)
 // where they apply, unless PYG_DFGNN_LEAN=0 (fwd_kernel, bwd_row_kernel and
 // bwd_col_kernel everywhere: for A/B runs and the tests that compare them).
 inline bool lean_request() {
@@ -331,9 +338,8 @@ ColSlots gat_col_pass(Params<T, I>& p, const Sched& sc, int64_t Ns, const at::Te
   const int64_t H = p.H;
   p.work = iptr<I>(sc.t_work);
   p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
-  // (lanes per (column, head) as the features need: the forward's minimum of
-  // 4 lanes is for its lanes' scores, which this pass does not share out)
-  p.G = choose_group(sc.group, p.F, VEC, DFGNN_GAT_WIDE_BWD ? DOT : GAT);
+  p.G = DFGNN_GAT_WIDE_BWD ? feature_group(sc.group, p.F, VEC)
+                           : choose_group(sc.group, p.F, VEC, GAT);
   const Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
   p.tile = l.tile;
   ColSlots cs;
@@ -808,14 +814,15 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
     // without the forward's minimum of 4 (gat_col_pass).  Heads a multiple of
     // 8 bytes but not of 16 (8 x 10 in fp32, 8 x 19 padded to 20 in fp16 /
     // bf16) take five 8-byte chunks per lane, and half-precision heads a
-    // multiple of 4 bytes but not of 8 (8 x 10) five 4-byte ones, where that
-    // needs fewer lanes: one lane per head at the paper shapes instead of 4.  Measured on an H200 (docs/KERNELS.md,
-    // session 49): the column pass 0.50-0.73x on the uniform and PATTERN
-    // graphs, 0.88-1.00x on the power-law one; the wide tile on 16-byte
-    // vectors (bf16 4 x 64 on 4 lanes instead of 8, 2 resident blocks) took
-    // 1.12x and is not used.  DFGNN_GAT_WIDE_BWD = 0 turns this off.
+    // multiple of 4 bytes but not of 8 (8 x 10; every half-precision GAT head
+    // is a multiple of 4 bytes, VMIN) five 4-byte ones, where that needs fewer
+    // lanes: one lane per head at the paper shapes instead of 4.  Measured on
+    // an H200 (docs/KERNELS.md, session 49): the column pass 0.50-0.73x on the
+    // uniform and PATTERN graphs, 0.88-1.00x on the power-law one; the wide
+    // tile on 16-byte vectors (bf16 4 x 64 on 4 lanes instead of 8, 2 resident
+    // blocks) took 1.12x and is not used.  DFGNN_GAT_WIDE_BWD = 0 turns this off.
     if constexpr (KIND == GAT && !kFwd && DFGNN_GAT_WIDE_BWD) {
-      auto col_lanes = [&](int vec) { return choose_group(0, F, vec, DOT); };
+      auto col_lanes = [&](int vec) { return feature_group(0, F, vec); };
       constexpr int X5 = VMAX / 2 + 16 * kWide8Chunks5;
       if (F % VMAX != 0 && F % (VMAX / 2) == 0) {
         if (col_lanes(X5) < col_lanes(VMAX / 2)) {
@@ -823,8 +830,8 @@ void dispatch(const GraphArgs& gr, const FeatArgs& fa, Args&&... args) {
           return;
         }
       } else if constexpr (sizeof(T) == 2) {
-        constexpr int X5N = VMAX / 4 + 16 * kWide8Chunks5;
-        if (F % (VMAX / 2) != 0 && F % (VMAX / 4) == 0 && col_lanes(X5N) < col_lanes(VMAX / 4)) {
+        constexpr int X5N = VMIN + 16 * kWide8Chunks5;
+        if (F % (VMAX / 2) != 0 && col_lanes(X5N) < col_lanes(VMIN)) {
           by_index(std::integral_constant<int, X5N>());
           return;
         }
