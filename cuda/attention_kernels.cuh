@@ -264,6 +264,72 @@ constexpr int kGatAcc = 8;
 #define DFGNN_GAT_NO_ATOMICS 0
 #endif
 
+// GAT's atomic mode on graphs with hubs: a destination row of in-degree d
+// takes up to d atomics per head into the same 32 bytes, which the L2
+// serialises (a power-law graph's super node of in-degree 60k: 30k per head,
+// where LeakyReLU' != 1).  Rows of in-degree >= Params::hub_min are marked by
+// row_delta_kernel in the sign bit of their log l_i (>= 0: l_i >= 1 for a row
+// with edges; hub_mark / hub_marked / fabsf), and the lean column pass adds a
+// hub's terms to a block-wide HubCache in shared memory: kHubSlots (row, head)
+// sums, direct-mapped by a hash of i H + h (one int key per slot, claimed by
+// atomicCAS; a slot held by another key sends the term to the global atomic),
+// flushed with one 16-byte atomic per slot at the block's end.  A hub of
+// in-degree d then takes about one atomic per block whose columns reach it
+// instead of one per edge.  Every sum stays fp32, in the atomics' open order.
+constexpr int kHubBits = 8, kHubSlots = 1 << kHubBits;
+struct HubCache {
+  int key[kHubSlots];           // i H + h, or -1 (free)
+  float sum[3][kHubSlots];      // the row sums' first three terms
+};
+__device__ __forceinline__ int hub_slot(uint32_t key) {
+  return (int)((key * 0x9E3779B1u) >> (32 - kHubBits));
+}
+__device__ __forceinline__ float hub_mark(float logl) {
+  return __int_as_float(__float_as_int(logl) | (int)0x80000000u);
+}
+__device__ __forceinline__ bool hub_marked(float v) { return __float_as_int(v) < 0; }
+// the block's cache: dynamic shared memory, sizeof(HubCache) bytes, in the
+// HUBS instantiation of bwd_col_lean_kernel only (with a static array and the
+// hub code in the one lean kernel, the pass took 1.03-1.19x longer on graphs
+// without hubs: H200, docs/KERNELS.md, session 50)
+__device__ __forceinline__ HubCache& hub_cache() {
+  extern __shared__ __align__(16) unsigned char hub_smem[];
+  return *reinterpret_cast<HubCache*>(hub_smem);
+}
+
+// v.x (where x), v.y and v.z (where yz) added to the row sums at a (16-byte
+// aligned): one vector atomic on sm_90+ (with three scalar ones GAT's atomic
+// column pass took 1.5x the emit-dP pass in fp32, H200)
+__device__ __forceinline__ void gat_acc_add(float* a, float4 v, bool x, bool yz) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(a), v);
+#else
+  if (x) atomicAdd(a, v.x);
+  if (yz) {
+    atomicAdd(a + 1, v.y);
+    atomicAdd(a + 2, v.z);
+  }
+#endif
+}
+
+// A hub's terms into the block's cache; false where its slot holds another
+// (row, head) (the caller adds them with gat_acc_add)
+__device__ __forceinline__ bool hub_add(HubCache& hc, uint32_t key, float4 v, bool x, bool yz) {
+  const int s = hub_slot(key);
+  int held = *reinterpret_cast<volatile int*>(&hc.key[s]);
+  if (held < 0) {
+    held = atomicCAS(&hc.key[s], -1, (int)key);
+    if (held < 0) held = (int)key;
+  }
+  if (held != (int)key) return false;
+  if (x) atomicAdd(&hc.sum[0][s], v.x);
+  if (yz) {
+    atomicAdd(&hc.sum[1][s], v.y);
+    atomicAdd(&hc.sum[2][s], v.z);
+  }
+  return true;
+}
+
 // GAT's emit-dP column pass: 2 resident blocks in fp32, 4 in fp16/bf16
 // (packed rows, 2-edge batches: 64 registers); measured on an H100 (session
 // 12): fp32 at 3 blocks and bf16 at 2 or 3 were slower
@@ -427,6 +493,10 @@ struct Params {
   // column pass's edges, one 16-byte load (kGatAcc); and d_src before its
   // correction [N_src, H]
   float *gat_acc, *d_src_f;
+  // GAT's atomic mode: the in-degree from which a destination row is a hub
+  // whose sums the lean column pass collects per block before its atomics
+  // (HubCache), or 0 (none; row_delta_kernel marks the hubs' log l_i)
+  int64_t hub_min;
   T* d_dst; T* d_src; T* d_val; T* d_edge; float* d_att_part;
   // AGNN (or null): per (launch column, work item, head) [tiles, num_items, H]
   // the row pass's sum_j dS_ij s_ij in fp32 over the column's features (their
@@ -1959,7 +2029,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) bwd_row_lean_kernel(const Pa
 // bf16 on the 100k graphs, fp32 on a PATTERN batch), 0.90-0.99x for GATv2,
 // GAT's 0.67-0.95x (session 49); AGNN's took 1.05-1.23x, so AGNN keeps
 // bwd_col_kernel.
-template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH, bool LEAN>
+template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH, bool LEAN,
+          bool HUBS = false>
 __device__ __forceinline__ void col_pass(const Params<T, I>& p) {
   static_assert(!LEAN || KIND != AGNN, "AGNN's column pass is the plain one (bwd_col_kernel)");
   constexpr bool ALPHA = MODE == kColAlpha;        // alpha stored, dP formed here
@@ -2055,6 +2126,7 @@ __device__ __forceinline__ void col_pass(const Params<T, I>& p) {
     // recompute: the destination rows' statistics, and GAT's z_ij = a_src_j +
     // a_dst_i (+ e_ij); stored: g and pd
     float m[B], ll[B], dl[B], z[B], gs[B], ps[B];
+    [[maybe_unused]] bool hub[HUBS ? B : 1];
 #pragma unroll
     for (int t = 0; t < B; ++t) {
       const bool ok = t < nl;
@@ -2083,7 +2155,12 @@ __device__ __forceinline__ void col_pass(const Params<T, I>& p) {
         const float4 st = ok ? reinterpret_cast<const float4*>(p.gat_acc)[ih * 2 + 1]
                              : make_float4(0.f, 0.f, 0.f, 0.f);
         m[t] = st.x;
-        ll[t] = st.y;
+        if constexpr (HUBS) {   // (the sign: a hub row, HubCache)
+          ll[t] = fabsf(st.y);
+          hub[t] = hub_marked(st.y);
+        } else {
+          ll[t] = st.y;
+        }
         z[t] = ok ? a_src + st.z : 0.f;
         dl[t] = st.w;
         continue;
@@ -2213,20 +2290,14 @@ __device__ __forceinline__ void col_pass(const Params<T, I>& p) {
             const float d1 = dleaky(z[t], p.slope) - 1.f;
             const bool dom = ll[t] < kDominated;
             const float4 v = make_float4(dom ? pdv * dp[t] : 0.f, gv - dS, alpha * d1, 0.f);
-            float* a = p.gat_acc + ((int64_t)i[t] * H + h) * kGatAcc;
+            const int64_t ih = (int64_t)i[t] * H + h;
 #if !DFGNN_GAT_NO_ATOMICS   // (a timing diagnostic only: wrong gradients)
             if (dom || d1 != 0.f) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-              // (one vector atomic: with three scalar ones the pass took 1.5x the
-              // emit-dP pass in fp32, H200)
-              atomicAdd(reinterpret_cast<float4*>(a), v);
-#else
-              if (v.x != 0.f) atomicAdd(a, v.x);
-              if (d1 != 0.f) {
-                atomicAdd(a + 1, v.y);
-                atomicAdd(a + 2, v.z);
-              }
-#endif
+              // (a hub row: into the block's cache where its slot is free or its own)
+              bool cached = false;
+              if constexpr (HUBS)
+                cached = hub[t] && hub_add(hub_cache(), (uint32_t)ih, v, dom, d1 != 0.f);
+              if (!cached) gat_acc_add(p.gat_acc + ih * kGatAcc, v, dom, d1 != 0.f);
             }
 #endif
           }
@@ -2295,9 +2366,33 @@ __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_
   col_pass<KIND, T, I, VEC, MODE, BATCH, false>(p);
 }
 
-template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH = 0>
+template <int KIND, typename T, typename I, int VEC, int MODE, int BATCH = 0, bool HUBS = false>
 __global__ void __launch_bounds__(kThreads, kColBlocks<KIND, T, MODE, VEC>) bwd_col_lean_kernel(const Params<T, I> p) {
-  col_pass<KIND, T, I, VEC, MODE, BATCH, true>(p);
+  static_assert(!HUBS || MODE == kColAtomic, "the hub cache is GAT's atomic mode's");
+  if constexpr (HUBS) {
+    // GAT's atomic mode on a graph with hubs (launched with p.hub_min > 0 and
+    // sizeof(HubCache) bytes of shared memory): the block's HubCache, cleared
+    // before the pass and added to the rows' sums after it (every thread
+    // reaches both barriers: col_pass returns, it does not exit)
+    HubCache& hc = hub_cache();
+    for (int s = threadIdx.x; s < kHubSlots; s += blockDim.x) {
+      hc.key[s] = -1;
+      hc.sum[0][s] = hc.sum[1][s] = hc.sum[2][s] = 0.f;
+    }
+    __syncthreads();
+    col_pass<KIND, T, I, VEC, MODE, BATCH, true, true>(p);
+    __syncthreads();
+#if !DFGNN_GAT_NO_ATOMICS
+    for (int s = threadIdx.x; s < kHubSlots; s += blockDim.x) {
+      const int key = hc.key[s];
+      if (key >= 0)
+        gat_acc_add(p.gat_acc + (int64_t)key * kGatAcc,
+                    make_float4(hc.sum[0][s], hc.sum[1][s], hc.sum[2][s], 0.f), true, true);
+    }
+#endif
+  } else {
+    col_pass<KIND, T, I, VEC, MODE, BATCH, true>(p);
+  }
 }
 
 // ------------------------------------------- GAT's single-gather backward
@@ -2415,7 +2510,7 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
       if (eps == 0.f) continue;   // (a row that is not dominated)
       const float4 st = reinterpret_cast<const float4*>(p.gat_acc)[ih * 2 + 1];
       const float z = a_src + st.z;
-      const float alpha = expf((leaky(z, p.slope) - st.x) - st.y);
+      const float alpha = expf((leaky(z, p.slope) - st.x) - fabsf(st.y));   // (HubCache's mark)
       acc += alpha * dleaky(z, p.slope) * eps;
     } else {
       acc += p.ds[(int64_t)p.t_perm[q] * H + h];
@@ -2459,13 +2554,14 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
 // floats per (row, head)), whose other three the column pass then accumulates
 // (so they need no memset), with the row's statistics {m_i, log l_i, a_dst_i,
 // D_i} after them (lse: the forward's [2, NH] m and log l; a_dst: the
-// destination logits [NH]); a layer op as the row pass's Delta (delta:
-// Params::delta_in, row_delta).
-template <typename T>
+// destination logits [NH]; log l_i marked (hub_mark) where row i's in-degree,
+// from rowptr, is at least hub_min > 0); a layer op as the row pass's Delta
+// (delta: Params::delta_in, row_delta).
+template <typename T, typename I>
 __global__ void __launch_bounds__(kThreads) row_delta_kernel(
     int64_t NH, int64_t H, int64_t C, const T* dout, int64_t sd0, int64_t sd1, const T* out,
     int64_t so0, int64_t so1, const T* sub, int64_t ss0, int64_t ss1, const float* lse,
-    const T* a_dst, float4* acc, float* delta) {
+    const T* a_dst, float4* acc, float* delta, const I* rowptr, int64_t hub_min) {
   constexpr int L = 8;
   const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / L;
   const int lane = threadIdx.x & (L - 1);
@@ -2486,7 +2582,10 @@ __global__ void __launch_bounds__(kThreads) row_delta_kernel(
   if (r < NH && lane == 0) {
     if (acc) {
       acc[2 * r] = make_float4(0.f, 0.f, 0.f, s);
-      acc[2 * r + 1] = make_float4(lse[r], lse[NH + r], to_f(a_dst[r]), s);
+      const int64_t i = r / H;
+      const float logl = lse[NH + r];
+      const bool hub = hub_min > 0 && (int64_t)rowptr[i + 1] - (int64_t)rowptr[i] >= hub_min;
+      acc[2 * r + 1] = make_float4(lse[r], hub ? hub_mark(logl) : logl, to_f(a_dst[r]), s);
     } else {
       delta[r] = s;
     }
@@ -2496,15 +2595,16 @@ __global__ void __launch_bounds__(kThreads) row_delta_kernel(
 // row_delta_kernel's launch (8 lanes per (row, head)) on `stream`, checked: the
 // one place both callers (GAT's atomic backward, the layer ops' row_delta) go
 // through
-template <typename T>
+template <typename T, typename I = int32_t>
 void launch_row_delta(int64_t NH, int64_t H, int64_t C, const T* dout, int64_t sd0, int64_t sd1,
                       const T* out, int64_t so0, int64_t so1, const T* sub, int64_t ss0,
                       int64_t ss1, const float* lse, const T* a_dst, float4* acc, float* delta,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const I* rowptr = nullptr, int64_t hub_min = 0) {
   if (NH == 0) return;
   const int64_t threads = NH * 8;
-  row_delta_kernel<T><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      NH, H, C, dout, sd0, sd1, out, so0, so1, sub, ss0, ss1, lse, a_dst, acc, delta);
+  row_delta_kernel<T, I><<<(unsigned)((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      NH, H, C, dout, sd0, sd1, out, so0, so1, sub, ss0, ss1, lse, a_dst, acc, delta, rowptr,
+      rowptr ? hub_min : 0);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -332,14 +332,46 @@ struct ColSlots {
   bool split = false;   // columns split into slots that need merging
 };
 
+// the lanes per (column, head) of GAT's column pass
+template <int VEC>
+int gat_col_group(const Sched& sc, int64_t F) {
+  return DFGNN_GAT_WIDE_BWD ? feature_group(sc.group, F, VEC) : choose_group(sc.group, F, VEC, GAT);
+}
+
+// GAT's atomic column pass: the in-degree from which a destination row is a
+// hub whose sums each block collects in its HubCache (Params::hub_min), or 0.
+// A block covers C = kThreads / (G H) columns, each of which reaches row i
+// with a probability of about deg_i / N_src, so a row takes a block's cache
+// from where the block's columns reach it about twice: deg_i >= 2 N_src G H /
+// kThreads (at least 64).  Only where the cache can pay: the lean kernel (its
+// HUBS instantiation; the other column passes read the rows' statistics
+// unmarked), a schedule that split rows (super nodes; elsewhere no row is
+// long), blocks of C >= 16 columns (G H <= 16: the paper shapes' one lane per
+// head; at 4 x 64 the cache did not pay, H200, docs/KERNELS.md, session 50),
+// and keys i H + h that fit an int.  PYG_DFGNN_GAT_HUB_MIN (an in-degree; 0 =
+// never) overrides the rule for the lean kernel on any graph: tests, A/B runs.
+constexpr int kHubMaxLanes = 16;
+inline int64_t gat_hub_min(const Sched& sc, bool lean, int64_t Nd, int64_t Ns, int64_t H, int G) {
+  if (!lean || Nd * H > (int64_t)INT32_MAX) return 0;
+  const char* env = std::getenv("PYG_DFGNN_GAT_HUB_MIN");
+  if (env && *env) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    TORCH_CHECK(end && *end == '\0' && v >= 0,
+                "PYG_DFGNN_GAT_HUB_MIN: must be an in-degree >= 0 (0 = no hubs), got '", env, "'");
+    return (int64_t)v;
+  }
+  if (sc.slots <= 0 || (int64_t)G * H > kHubMaxLanes) return 0;
+  return std::max<int64_t>(64, (2 * Ns * G * H + kThreads - 1) / kThreads);
+}
+
 template <int MODE, typename T, typename I, int VEC>
 ColSlots gat_col_pass(Params<T, I>& p, const Sched& sc, int64_t Ns, const at::TensorOptions& fo,
                       cudaStream_t stream) {
   const int64_t H = p.H;
   p.work = iptr<I>(sc.t_work);
   p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
-  p.G = DFGNN_GAT_WIDE_BWD ? feature_group(sc.group, p.F, VEC)
-                           : choose_group(sc.group, p.F, VEC, GAT);
+  p.G = gat_col_group<VEC>(sc, p.F);
   const Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
   p.tile = l.tile;
   ColSlots cs;
@@ -353,8 +385,15 @@ ColSlots gat_col_pass(Params<T, I>& p, const Sched& sc, int64_t Ns, const at::Te
   if (p.num_items > 0) {
     // (the lean column pass on the calls the lean forward takes: in emit-dP
     // mode the same per-edge dP and d_val bit for bit; in atomic mode the same
-    // terms, added to the row sums in the atomics' order)
-    if (lean_applies(p, l)) bwd_col_lean_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
+    // terms, added to the row sums in the atomics' order; there on a graph
+    // with hubs (p.hub_min > 0, gat_hub_min) with the blocks' HubCache)
+    const bool lean = lean_applies(p, l);
+    TORCH_CHECK(lean || p.hub_min == 0, "pyg_dfgnn: internal error: hub rows without the lean pass");
+    if (MODE == kColAtomic && p.hub_min > 0)
+      bwd_col_lean_kernel<GAT, T, I, VEC, MODE, 0, MODE == kColAtomic>
+          <<<l.grid, kThreads, sizeof(HubCache), stream>>>(p);
+    else if (lean)
+      bwd_col_lean_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
     else bwd_col_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -434,13 +473,22 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
   // the rows' statistics {m_i, log l_i, a_dst_i, D_i} for the column pass (kGatAcc)
   at::Tensor acc = at::empty({std::max<int64_t>(Nd, 1), H, kGatAcc}, fo);
   p.gat_acc = acc.data_ptr<float>();
+  // (hubs: row_delta marks them, the lean column pass collects their sums per
+  // block; the column pass's launch as gat_col_pass forms it)
+  {
+    const int G = gat_col_group<VEC>(sc, p.F);
+    const int64_t items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
+    const bool lean = lean_applies(p, launch_shape(items, H, p.F, G, VEC));
+    p.hub_min = gat_hub_min(sc, lean, Nd, Ns, H, G);
+  }
   const at::Tensor out = bi.out.stride(2) == 1 ? bi.out : bi.out.contiguous();
   const at::Tensor dout = bi.grad_out.stride(2) == 1 ? bi.grad_out : bi.grad_out.contiguous();
   const at::Tensor bias = fa.att.defined() ? fa.att.reshape({H, -1}).contiguous() : at::Tensor();
   launch_row_delta<T>(NH, H, out.size(2), cptr<T>(dout), dout.stride(0), dout.stride(1),
                       cptr<T>(out), out.stride(0), out.stride(1), cptr<T>(bias), 0,
                       bias.defined() ? bias.size(1) : 0, p.lse_in, p.dst,
-                      reinterpret_cast<float4*>(p.gat_acc), nullptr, stream);
+                      reinterpret_cast<float4*>(p.gat_acc), nullptr, stream, p.rowptr,
+                      p.hub_min);
   // d_src before its correction, fp32 (fp32 inputs: d_src itself)
   at::Tensor dsf;
   if constexpr (std::is_same<T, float>::value) {

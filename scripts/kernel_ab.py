@@ -72,6 +72,8 @@ def run(a) -> None:
     for k in ("order", "split"):
         if getattr(a, k) is not None:
             extra = (extra + " " if extra else "") + f"{k}={getattr(a, k)}"
+    if os.environ.get("PYG_DFGNN_GAT_HUB_MIN"):   # (GAT's hub rule, run-time)
+        extra = (extra + " " if extra else "") + "hub_min=" + os.environ["PYG_DFGNN_GAT_HUB_MIN"]
     print(f"device: {torch.cuda.get_device_name()}  build: '{extra}'", flush=True)
     for spec in bs.GRAPHS:
         if spec["name"] not in a.graphs.split(","):

@@ -335,6 +335,49 @@ def test_gat_atomic_backward_lean(heads, feat, split, dtype, mode, monkeypatch):
     check("gat", ei, 150, 140, heads, feat, dtype, dropout=0.0, seed=heads * feat, split=split)
 
 
+@pytest.mark.parametrize("hub_min", ["1", "40", "600"])
+@pytest.mark.parametrize("heads,feat", [(8, 10), (8, 19), (4, 64), (1, 256), (3, 8)])
+@pytest.mark.parametrize("split", [None, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gat_atomic_backward_hubs(heads, feat, split, dtype, hub_min, monkeypatch):
+    """GAT's atomic column pass with hub rows (attention_kernels.cuh, HubCache):
+    the rows of in-degree >= PYG_DFGNN_GAT_HUB_MIN add their sums in each
+    block's shared-memory slots, flushed with one atomic per slot.  1: every
+    row is a hub, more (row, head) keys than slots, so slots collide and
+    terms fall back to the global atomics; 40: the super row (in-degree about
+    700, all 140 columns) and a few others; 600: the super row alone.
+    Against the float64 reference."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "auto")
+    monkeypatch.setenv("PYG_DFGNN_GAT_HUB_MIN", hub_min)
+    ei = random_graph(150, 140, 1500, super_node=(700, 5))
+    ei = torch.cat([ei, torch.stack([torch.full((300,), 7), torch.randint(0, 140, (300,))])], 1)
+    check("gat", ei, 150, 140, heads, feat, dtype, dropout=0.0, seed=heads * feat, split=split)
+
+
+@pytest.mark.parametrize("heads,feat,dtype", [(8, 10, torch.float32), (8, 19, torch.bfloat16),
+                                              (4, 64, torch.float32)])
+def test_gat_atomic_backward_powerlaw_hubs(heads, feat, dtype, monkeypatch):
+    """The default hub rule (gat_hub_min: a graph whose schedule splits rows,
+    in-degree >= 2 N_src G H / 256) on a power-law graph with super nodes, the
+    hubs' sums through the blocks' caches, against the float64 reference."""
+    from pyg_dfgnn.data import synthetic
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "auto")
+    monkeypatch.delenv("PYG_DFGNN_GAT_HUB_MIN", raising=False)
+    ei = synthetic.powerlaw_graph(3000, 40000, 2500, seed=3)
+    g = get_graph(ei.cuda(), (3000, 3000))   # (the schedule splits its super rows)
+    assert g.max_in_degree > schedule.auto_split(g.num_edges, heads, 32, g.device)
+    check("gat", ei, 3000, 3000, heads, feat, dtype, dropout=0.0, seed=feat)
+
+
+def test_gat_hub_min_bad_value(monkeypatch):
+    """A malformed PYG_DFGNN_GAT_HUB_MIN is a clear error naming it."""
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "auto")
+    monkeypatch.setenv("PYG_DFGNN_GAT_HUB_MIN", "many")
+    ei = random_graph(50, 50, 400)
+    with pytest.raises(RuntimeError, match="PYG_DFGNN_GAT_HUB_MIN"):
+        check("gat", ei, 50, 50, 2, 8, torch.float32)
+
+
 @pytest.mark.parametrize("kind", ["gat", "gat_bias"])
 @pytest.mark.parametrize("dropout,split", [(0.0, None), (0.3, 16)])
 def test_gat_atomic_agrees_with_store(kind, dropout, split, monkeypatch):

@@ -240,3 +240,38 @@ def test_gat_backward_tile(dtype, feat, vec):
     col = [n for n in names if "bwd_col_lean_kernel" in n]
     assert len(col) == 1, names
     assert f"int, {vec}, 3" in col[0], col[0]
+
+
+def test_gat_hub_cache_runs_where_it_applies(monkeypatch):
+    """GAT's atomic column pass takes its hub-cache instantiation
+    (``bwd_col_lean_kernel<..., true>``: attention_launch.cuh, gat_hub_min)
+    on a power-law graph whose schedule splits super rows at one lane per head
+    (8 x 10), not at 4 x 64 (a lane group of several lanes per head), not on
+    a graph without super rows, not in the single-gather (store) mode, and
+    wherever PYG_DFGNN_GAT_HUB_MIN forces it (0: nowhere)."""
+    from pyg_dfgnn.data import synthetic
+    monkeypatch.delenv("PYG_DFGNN_GAT_HUB_MIN", raising=False)
+    monkeypatch.delenv("PYG_DFGNN_BACKWARD", raising=False)
+    gen = torch.Generator().manual_seed(5)
+    n = 3000
+    hubby = get_graph(synthetic.powerlaw_graph(n, 40000, 2500, seed=3).cuda(), (n, n))
+    flat = get_graph(random_graph(n, n, 40000, generator=gen).cuda(), (n, n))
+
+    def hub_ran(g, heads, feat):
+        x = torch.randn(n, heads, feat, generator=gen).cuda().requires_grad_(True)
+        a = torch.randn(n, heads, generator=gen).cuda()
+        names = _kernels(lambda: ops.gat_attention(g, x, a, a)[0].sum().backward())
+        col = [k for k in names if "bwd_col_lean_kernel" in k]
+        assert len(col) == 1, names
+        return ", true>" in col[0]
+
+    assert hub_ran(hubby, 8, 10)
+    assert not hub_ran(hubby, 4, 64)
+    assert not hub_ran(flat, 8, 10)
+    monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
+    assert not hub_ran(hubby, 8, 10)
+    monkeypatch.delenv("PYG_DFGNN_BACKWARD")
+    monkeypatch.setenv("PYG_DFGNN_GAT_HUB_MIN", "1")
+    assert hub_ran(flat, 8, 10) and hub_ran(hubby, 4, 64)
+    monkeypatch.setenv("PYG_DFGNN_GAT_HUB_MIN", "0")
+    assert not hub_ran(hubby, 8, 10)
