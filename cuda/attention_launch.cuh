@@ -346,12 +346,15 @@ int gat_col_group(const Sched& sc, int64_t F) {
 // kThreads (at least 64).  Only where the cache can pay: the lean kernel (its
 // HUBS instantiation; the other column passes read the rows' statistics
 // unmarked), a schedule that split rows (super nodes; elsewhere no row is
-// long), blocks of C >= 16 columns (G H <= 16: the paper shapes' one lane per
-// head; at 4 x 64 the cache did not pay, H200, docs/KERNELS.md, session 50),
-// and keys i H + h that fit an int.  PYG_DFGNN_GAT_HUB_MIN (an in-degree; 0 =
-// never) overrides the rule for the lean kernel on any graph: tests, A/B runs.
-constexpr int kHubMaxLanes = 16;
-inline int64_t gat_hub_min(const Sched& sc, bool lean, int64_t Nd, int64_t Ns, int64_t H, int G) {
+// long), heads of at most kHubMaxF features (an edge and head adds one
+// 16-byte atomic against F features of work, so the atomics' share of the
+// pass falls with F: at 4 x 64 the cache did not pay, at 8 x 10 and 8 x 19 it
+// did, H200, docs/KERNELS.md, session 50), and keys i H + h that fit an int.
+// PYG_DFGNN_GAT_HUB_MIN (an in-degree; 0 = never) overrides the rule for the
+// lean kernel on any graph: tests, A/B runs.
+constexpr int64_t kHubMaxF = 32;
+inline int64_t gat_hub_min(const Sched& sc, bool lean, int64_t Nd, int64_t Ns, int64_t H,
+                           int64_t F, int G) {
   if (!lean || Nd * H > (int64_t)INT32_MAX) return 0;
   const char* env = std::getenv("PYG_DFGNN_GAT_HUB_MIN");
   if (env && *env) {
@@ -361,7 +364,7 @@ inline int64_t gat_hub_min(const Sched& sc, bool lean, int64_t Nd, int64_t Ns, i
                 "PYG_DFGNN_GAT_HUB_MIN: must be an in-degree >= 0 (0 = no hubs), got '", env, "'");
     return (int64_t)v;
   }
-  if (sc.slots <= 0 || (int64_t)G * H > kHubMaxLanes) return 0;
+  if (sc.slots <= 0 || F > kHubMaxF) return 0;
   return std::max<int64_t>(64, (2 * Ns * G * H + kThreads - 1) / kThreads);
 }
 
@@ -479,7 +482,7 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
     const int G = gat_col_group<VEC>(sc, p.F);
     const int64_t items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
     const bool lean = lean_applies(p, launch_shape(items, H, p.F, G, VEC));
-    p.hub_min = gat_hub_min(sc, lean, Nd, Ns, H, G);
+    p.hub_min = gat_hub_min(sc, lean, Nd, Ns, H, p.F, G);
   }
   const at::Tensor out = bi.out.stride(2) == 1 ? bi.out : bi.out.contiguous();
   const at::Tensor dout = bi.grad_out.stride(2) == 1 ? bi.grad_out : bi.grad_out.contiguous();

@@ -246,7 +246,7 @@ def test_gat_hub_cache_runs_where_it_applies(monkeypatch):
     """GAT's atomic column pass takes its hub-cache instantiation
     (``bwd_col_lean_kernel<..., true>``: attention_launch.cuh, gat_hub_min)
     on a power-law graph whose schedule splits super rows at one lane per head
-    (8 x 10), not at 4 x 64 (a lane group of several lanes per head), not on
+    (8 x 10) and at fp32 8 x 19, not at 4 x 64 (heads over 32 features), not on
     a graph without super rows, not in the single-gather (store) mode, and
     wherever PYG_DFGNN_GAT_HUB_MIN forces it (0: nowhere)."""
     from pyg_dfgnn.data import synthetic
@@ -265,7 +265,7 @@ def test_gat_hub_cache_runs_where_it_applies(monkeypatch):
         assert len(col) == 1, names
         return ", true>" in col[0]
 
-    assert hub_ran(hubby, 8, 10)
+    assert hub_ran(hubby, 8, 10) and hub_ran(hubby, 8, 19)
     assert not hub_ran(hubby, 4, 64)
     assert not hub_ran(flat, 8, 10)
     monkeypatch.setenv("PYG_DFGNN_BACKWARD", "store")
