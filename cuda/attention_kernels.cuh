@@ -2506,8 +2506,12 @@ __global__ void __launch_bounds__(kThreads, DFGNN_SCALAR_BLOCKS) bwd_gat_src_ker
   for (int64_t q = hl.first(begin, end); q < end; q += hl.P) {
     if constexpr (FIX) {
       const int64_t ih = (int64_t)p.t_col[q] * H + h;
+      // (a row that is not dominated has eps_i = 0: tested on the forward's
+      // log l_i, whose heads of a row share a 32-byte sector, before eps_i,
+      // whose heads' sums lie 32 bytes apart)
+      if (!(p.lse_l_in[ih] < kDominated)) continue;
       const float eps = p.gat_acc[ih * kGatAcc + 3];
-      if (eps == 0.f) continue;   // (a row that is not dominated)
+      if (eps == 0.f) continue;
       const float4 st = reinterpret_cast<const float4*>(p.gat_acc)[ih * 2 + 1];
       const float z = a_src + st.z;
       const float alpha = expf((leaky(z, p.slope) - st.x) - fabsf(st.y));   // (HubCache's mark)
