@@ -332,10 +332,21 @@ struct ColSlots {
   bool split = false;   // columns split into slots that need merging
 };
 
-// the lanes per (column, head) of GAT's column pass
+// GAT's column pass over the transposed CSR's items: their count, the lanes
+// per (column, head) and the launch (gat_col_pass; bwd_gat_atomic's hub rule
+// asks whether that launch is lean before the pass)
+struct GatColShape {
+  int64_t items;
+  int G;
+  Launch l;
+};
 template <int VEC>
-int gat_col_group(const Sched& sc, int64_t F) {
-  return DFGNN_GAT_WIDE_BWD ? feature_group(sc.group, F, VEC) : choose_group(sc.group, F, VEC, GAT);
+GatColShape gat_col_shape(const Sched& sc, int64_t Ns, int64_t H, int64_t F) {
+  GatColShape s;
+  s.items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
+  s.G = DFGNN_GAT_WIDE_BWD ? feature_group(sc.group, F, VEC) : choose_group(sc.group, F, VEC, GAT);
+  s.l = launch_shape(s.items, H, F, s.G, VEC);
+  return s;
 }
 
 // GAT's atomic column pass: the in-degree from which a destination row is a
@@ -372,10 +383,11 @@ template <int MODE, typename T, typename I, int VEC>
 ColSlots gat_col_pass(Params<T, I>& p, const Sched& sc, int64_t Ns, const at::TensorOptions& fo,
                       cudaStream_t stream) {
   const int64_t H = p.H;
+  const GatColShape shape = gat_col_shape<VEC>(sc, Ns, H, p.F);
+  const Launch& l = shape.l;
   p.work = iptr<I>(sc.t_work);
-  p.num_items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
-  p.G = gat_col_group<VEC>(sc, p.F);
-  const Launch l = launch_shape(p.num_items, H, p.F, p.G, VEC);
+  p.num_items = shape.items;
+  p.G = shape.G;
   p.tile = l.tile;
   ColSlots cs;
   if (sc.t_slots > 0) {
@@ -391,11 +403,13 @@ ColSlots gat_col_pass(Params<T, I>& p, const Sched& sc, int64_t Ns, const at::Te
     // terms, added to the row sums in the atomics' order; there on a graph
     // with hubs (p.hub_min > 0, gat_hub_min) with the blocks' HubCache)
     const bool lean = lean_applies(p, l);
-    TORCH_CHECK(lean || p.hub_min == 0, "pyg_dfgnn: internal error: hub rows without the lean pass");
-    if (MODE == kColAtomic && p.hub_min > 0)
-      bwd_col_lean_kernel<GAT, T, I, VEC, MODE, 0, MODE == kColAtomic>
-          <<<l.grid, kThreads, sizeof(HubCache), stream>>>(p);
-    else if (lean)
+    TORCH_CHECK(p.hub_min == 0 || (lean && MODE == kColAtomic),
+                "pyg_dfgnn: internal error: hub rows without the lean atomic pass");
+    if (p.hub_min > 0) {
+      if constexpr (MODE == kColAtomic)
+        bwd_col_lean_kernel<GAT, T, I, VEC, MODE, 0, true>
+            <<<l.grid, kThreads, sizeof(HubCache), stream>>>(p);
+    } else if (lean)
       bwd_col_lean_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
     else bwd_col_kernel<GAT, T, I, VEC, MODE><<<l.grid, kThreads, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -477,12 +491,10 @@ void bwd_gat_atomic(Params<T, I> p, const Sched& sc, int64_t Nd, int64_t Ns,
   at::Tensor acc = at::empty({std::max<int64_t>(Nd, 1), H, kGatAcc}, fo);
   p.gat_acc = acc.data_ptr<float>();
   // (hubs: row_delta marks them, the lean column pass collects their sums per
-  // block; the column pass's launch as gat_col_pass forms it)
+  // block; on the column pass's launch, gat_col_shape)
   {
-    const int G = gat_col_group<VEC>(sc, p.F);
-    const int64_t items = sc.t_work.defined() ? sc.t_work.size(0) : Ns;
-    const bool lean = lean_applies(p, launch_shape(items, H, p.F, G, VEC));
-    p.hub_min = gat_hub_min(sc, lean, Nd, Ns, H, p.F, G);
+    const GatColShape col = gat_col_shape<VEC>(sc, Ns, H, p.F);
+    p.hub_min = gat_hub_min(sc, lean_applies(p, col.l), Nd, Ns, H, p.F, col.G);
   }
   const at::Tensor out = bi.out.stride(2) == 1 ? bi.out : bi.out.contiguous();
   const at::Tensor dout = bi.grad_out.stride(2) == 1 ? bi.grad_out : bi.grad_out.contiguous();
