@@ -552,6 +552,17 @@ __device__ __forceinline__ bool get_item(const Params<T, I>& p, const I* rowptr,
   return true;
 }
 
+// The work item a lane group of G = p.G lanes owns with all its heads
+// (fwd_gat_rows_kernel; it.h unused)
+template <typename T, typename I>
+__device__ __forceinline__ bool get_row_item(const Params<T, I>& p, Item& it) {
+  it.item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / p.G;
+  it.h = 0;
+  if (it.item >= p.num_items) return false;
+  load_item(p.work, p.rowptr, it.item, it.row, it.begin, it.end, it.slot);
+  return true;
+}
+
 __device__ __forceinline__ float keep_factor(float drop_p, uint64_t seed, int64_t e, int64_t H,
                                              int64_t h) {
   if (drop_p <= 0.f) return 1.f;
@@ -1409,6 +1420,181 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_lean_kernel(const Params
     else if constexpr (KIND == DOT) fwd_lean_edges<KIND, false, T, I, VEC>(p, ft, it, trips, r, sm);
   }
   if (live) write_row<T, I, VEC>(p, g, ft, it, sm.m, sm.l, sm.acc);
+}
+
+// ------------------------------------------------- GAT's forward by rows
+// GAT's forward with one lane group per work item covering all its heads
+// (issue 11's "one lane group covers several heads of a row"), for the lean
+// calls (no edge features, no dropout) whose rows are short: a row of
+// x [N, H, F] is H F contiguous elements, and at 8 x 10 in bf16 (160 bytes)
+// fwd_lean_kernel's groups of 4 lanes per head take a warp per row, each
+// lane loading two 4-byte pieces of its head per edge -- as many loads, and
+// as many rows in flight per warp, as fp32's 8-byte pieces (the forward is
+// latency-bound, so bf16 took 0.95x fp32's time there: docs/KERNELS.md,
+// session 51).  Here lane lg holds the row's 16-byte chunk lg (kRowsK
+// elements), so that G = the power of two covering the row's L chunks (and
+// at least H) holds a row: 16 lanes at bf16 8 x 10, two rows per warp
+// (attention_launch.cuh: gat_rows_group, rows of at most 256 bytes).  A chunk
+// spans at most two heads (F >= kRowsK): ha, its elements k < sp, and hb.
+// Scores: lane lg scores head hs = lg mod H of the edges es + r EB (es =
+// lg / H, EB = G / H edges per round, kRowsR rounds per batch); the lanes of
+// one head reduce the batch's max and sum (xor offsets H .. G / 2), so every
+// lane of head h holds its online-softmax state (m, l).  The feature lanes
+// take their chunk's weights from the scoring lanes by shuffles and gather
+// kRowsR rows at a time.  The results are within a few roundings of
+// fwd_lean_kernel's (another order of the row's sums).
+template <typename T> constexpr int kRowsK = 16 / sizeof(T);
+constexpr int kRowsR = 4;   // rounds of scores per batch: rows in flight per lane
+// resident blocks (76-80 registers, no spills: nvcc 13.0, sm_90; at 4 blocks
+// 16-36 B of spills); tuning: DFGNN_ROWS_BLOCKS
+#ifndef DFGNN_ROWS_BLOCKS
+#define DFGNN_ROWS_BLOCKS 3
+#endif
+
+// v reduced (max or sum) over the lanes of a group of G that hold the same
+// head of H (xor offsets H .. G / 2; every lane runs every shuffle on the full
+// mask)
+template <bool MAX>
+__device__ __forceinline__ float rows_head_reduce(float v, int H, int G) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    if (o >= H && o < G) v = MAX ? fmaxf(v, u) : v + u;
+  }
+  return v;
+}
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(kThreads, DFGNN_ROWS_BLOCKS)
+    fwd_gat_rows_kernel(const Params<T, I> p) {
+  constexpr int K = kRowsK<T>, R = kRowsR;
+  const int G = p.G, H = (int)p.H, F = (int)p.F;
+  const int lane = threadIdx.x & 31;
+  const int lg = lane & (G - 1), first = lane & ~(G - 1);
+  const int EB = G / H;            // edges per round
+  const int hs = lg & (H - 1), es = lg / H;
+  const int64_t ldv = p.H * p.F;
+  Item it;
+  const bool live = get_row_item(p, it);
+  if (__all_sync(0xffffffffu, !live)) return;
+  if (!live) it.row = it.begin = it.end = 0;
+  // the chunk's heads
+  const bool act = lg < H * F / K;
+  const int g0 = act ? lg * K : 0;
+  const int ha = g0 / F, hb = act ? (g0 + K - 1) / F : ha;
+  const int sp = (ha + 1) * F - g0;   // (>= K: one head)
+  const float a_dst = live ? to_f(p.dst[it.row * p.H + hs]) : 0.f;
+  float m = -INFINITY, l = 0.f;
+  float acc[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) acc[k] = 0.f;
+  const int per = EB * R;
+  const int trips = warp_max_count((int)((it.end - it.begin + per - 1) / per));
+  for (int t = 0; t < trips; ++t) {
+    const int64_t base = it.begin + (int64_t)t * per;
+    I j[R];
+    float s[R], pe[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t e = base + r * EB + es;
+      j[r] = e < it.end ? p.col[e] : I(0);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t e = base + r * EB + es;
+      s[r] = e < it.end ? leaky(to_f(p.src[(int64_t)j[r] * p.H + hs]) + a_dst, p.slope)
+                        : -INFINITY;
+    }
+    float mx = s[0];
+#pragma unroll
+    for (int r = 1; r < R; ++r) mx = fmaxf(mx, s[r]);
+    mx = fmaxf(m, rows_head_reduce<true>(mx, H, G));
+    const bool raised = mx > m;
+    const float corr = raised ? expf(m - mx) : 1.f;
+    m = mx;
+    float ps = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      pe[r] = s[r] > -INFINITY ? expf(s[r] - m) : 0.f;
+      ps += pe[r];
+    }
+    l = l * corr + rows_head_reduce<false>(ps, H, G);
+    if (__any_sync(0xffffffffu, raised)) {
+      const float ca = __shfl_sync(0xffffffffu, corr, first + ha);
+      const float cb = __shfl_sync(0xffffffffu, corr, first + hb);
+#pragma unroll
+      for (int k = 0; k < K; ++k) acc[k] *= k < sp ? ca : cb;
+    }
+    const int cnt = (int)imin(per, it.end - base);   // (<= 0 past the group's end)
+    // (the weights' shuffles after the loads are issued: fewer live registers)
+    for (int u = 0; u < EB; ++u) {
+      const int src = first + u * H;
+      uint4 x[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const I jt = __shfl_sync(0xffffffffu, j[r], src);
+        x[r] = act && r * EB + u < cnt
+                   ? __ldg(reinterpret_cast<const uint4*>(p.val + (int64_t)jt * ldv + g0))
+                   : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float wa = __shfl_sync(0xffffffffu, pe[r], src + ha);
+        const float wb = __shfl_sync(0xffffffffu, pe[r], src + hb);
+        const T* v = reinterpret_cast<const T*>(&x[r]);
+#pragma unroll
+        for (int k = 0; k < K; ++k) acc[k] += (k < sp ? wa : wb) * to_f(v[k]);
+      }
+    }
+  }
+  // epilogue: the chunk's heads' sums, then write_row's output or partials
+  const float la = __shfl_sync(0xffffffffu, l, first + ha);
+  const float lb = __shfl_sync(0xffffffffu, l, first + hb);
+  if (!live) return;
+  const int64_t row = it.row, slot = it.slot;
+  const bool scorer = es == 0;   // (lane hs of the group: head hs's statistics)
+  if (slot >= 0) {
+    if (act) {
+      float* o = p.part_acc + slot * ldv + g0;
+#pragma unroll
+      for (int k = 0; k < K; ++k) o[k] = acc[k];
+    }
+    if (scorer) {
+      p.part_m[slot * p.H + hs] = m;
+      p.part_l[slot * p.H + hs] = l;
+    }
+    return;
+  }
+  if (act) {
+    const float ia = 1.f / (la + 1e-16f), ib = 1.f / (lb + 1e-16f);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      acc[k] *= k < sp ? ia : ib;
+      if (p.bias && p.bias_F == p.F) acc[k] += to_f(p.bias[g0 + k]);
+    }
+    if (p.out_F == p.F) {
+      uint4 raw;
+      T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < K; ++k) e[k] = from_f<T>(acc[k]);
+      *reinterpret_cast<uint4*>(p.out + row * ldv + g0) = raw;
+    } else {   // the caller's narrower heads: their padding is not written
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int h = k < sp ? ha : hb;
+        const int f = g0 + k - h * F;
+        if (f >= p.out_F) continue;
+        float v = acc[k];
+        if (p.bias && p.bias_F != p.F) v += to_f(p.bias[h * p.bias_F + f]);
+        p.out[(row * p.H + h) * p.out_F + f] = from_f<T>(v);
+      }
+    }
+  }
+  if (scorer) {
+    const bool any = it.end > it.begin;
+    p.lse[row * p.H + hs] = any ? m : -INFINITY;
+    p.lse_l[row * p.H + hs] = any ? logf(l) : 0.f;
+  }
 }
 
 // ------------------------------------------------------------ merges

@@ -254,6 +254,45 @@ bool lean_applies(const Params<T, I>& p, const Launch& l) {
   return l.grid.y == 1 && !p.edge && !(p.drop_p > 0.f) && lean_request();
 }
 
+// GAT's forward by rows (fwd_gat_rows_kernel): the lanes per work item, or 0
+// where it does not apply.  It applies to the lean calls (no edge features,
+// no dropout, one launch column) without a forced group, whose heads H are a
+// power of two of at least kRowsK features (a 16-byte chunk spans two heads
+// at most) and whose rows are whole 16-byte chunks (H F a multiple of kRowsK),
+// aligned, of at most kRowsMaxBytes: G = the power of two covering the row's
+// chunks and H, at most 16 (two rows per warp or more) and fewer than the H
+// groups of p.G lanes fwd_lean_kernel takes.  Measured on an H100
+// (docs/KERNELS.md, session 51; the forward kernel, uniform / power-law /
+// PATTERN): bf16 8 x 10 (32 -> 16 lanes) 0.68 / 0.72 / 0.65x, 8 x 8 fp32
+// (32 -> 16) 0.59 / 0.74 / 0.54x, bf16 (32 -> 8) 0.43 / 0.96 / 0.53x, bf16
+// 4 x 16 and 2 x 16 0.68-0.77x; with as many lanes as fwd_lean_kernel's or
+// more it lost on some graph (fp32 4 x 16 1.08x power-law, 1 x 32 1.45x
+// uniform), and so did a warp per row (fp32 8 x 10, bf16 8 x 20: up to 1.38x,
+// H200), 4 x 64 (1.19-1.38x) and two chunks per lane (up to 1.61x).
+// PYG_DFGNN_GAT_ROWS=0 turns it off.
+constexpr int64_t kRowsMaxBytes = 256;
+inline bool gat_rows_request() {
+  const char* env = std::getenv("PYG_DFGNN_GAT_ROWS");
+  if (!env || !*env || std::strcmp(env, "1") == 0) return true;
+  TORCH_CHECK(std::strcmp(env, "0") == 0,
+              "PYG_DFGNN_GAT_ROWS: must be '0' or '1', got '", env, "'");
+  return false;
+}
+template <typename T, typename I>
+int gat_rows_group(const Params<T, I>& p, const Launch& l, const Sched& sc, const FeatArgs& fa,
+                   const at::Tensor& out) {
+  constexpr int64_t K = kRowsK<T>;
+  if (!gat_rows_request() || sc.group > 0 || !lean_applies(p, l)) return 0;
+  const int64_t H = p.H, F = p.F;
+  if ((H & (H - 1)) != 0 || F < K || (H * F) % K != 0 ||
+      H * F * (int64_t)sizeof(T) > kRowsMaxBytes || !aligned16(fa.val) || !aligned16(out) ||
+      (p.out_F == F && !out.is_contiguous()))
+    return 0;
+  int g = 1;
+  while (g < std::max(H, H * F / K)) g *= 2;
+  return g <= 16 && g < H * p.G ? g : 0;
+}
+
 template <int KIND, typename T, typename I, int VEC>
 void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& o) {
   auto stream = c10::cuda::getCurrentCUDAStream();
@@ -276,7 +315,20 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
     p.part_m = part_ml.data_ptr<float>();
     p.part_l = p.part_m + sc.slots * p.H;
   }
-  if (p.num_items > 0) {
+  bool by_rows = false;   // (GAT's forward by rows: fwd_gat_rows_kernel)
+  if constexpr (KIND == GAT) {
+    const int g = p.num_items > 0 ? gat_rows_group(p, l, sc, fa, o.out) : 0;
+    if (g > 0) {
+      Params<T, I> pr = p;   // (its own lanes per item)
+      pr.G = g;
+      const int64_t blocks = (p.num_items * g + kThreads - 1) / kThreads;
+      TORCH_CHECK(blocks < (int64_t)INT32_MAX, "pyg_dfgnn: problem too large");
+      fwd_gat_rows_kernel<T, I><<<(unsigned)blocks, kThreads, 0, stream>>>(pr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      by_rows = true;
+    }
+  }
+  if (p.num_items > 0 && !by_rows) {
     // (calls without edge features or dropout, heads in one launch column:
     // the lean forward, the same results bit for bit)
     const bool lean = lean_applies(p, l);

@@ -36,6 +36,8 @@ def kernel_class(name: str) -> str:
                 "alpha_kernel"):
         if key in name:
             return key
+    if "fwd_lean_kernel" in name or "fwd_gat_rows_kernel" in name:   # (the forward's variants)
+        return "fwd_kernel"
     return ""
 
 
@@ -72,8 +74,10 @@ def run(a) -> None:
     for k in ("order", "split"):
         if getattr(a, k) is not None:
             extra = (extra + " " if extra else "") + f"{k}={getattr(a, k)}"
-    if os.environ.get("PYG_DFGNN_GAT_HUB_MIN"):   # (GAT's hub rule, run-time)
-        extra = (extra + " " if extra else "") + "hub_min=" + os.environ["PYG_DFGNN_GAT_HUB_MIN"]
+    for var, tag in (("PYG_DFGNN_GAT_HUB_MIN", "hub_min"), ("PYG_DFGNN_GAT_ROWS", "rows"),
+                     ("PYG_DFGNN_GAT_ROWS_NC", "rows_nc")):   # (GAT's run-time rules)
+        if os.environ.get(var):
+            extra = (extra + " " if extra else "") + f"{tag}={os.environ[var]}"
     print(f"device: {torch.cuda.get_device_name()}  build: '{extra}'", flush=True)
     for spec in bs.GRAPHS:
         if spec["name"] not in a.graphs.split(","):

@@ -290,6 +290,23 @@ def test_layer_op_against_float64(kw, gpu_bound, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_channels", [7, 10])
+def test_layer_op_half_narrow_heads_against_float64(dtype, out_channels, monkeypatch):
+    """GATConv 8 x 10 and 8 x 7 as GPU-bound calls (forced) in half
+    precision, whose attention runs GAT's forward by rows
+    (tests/ops/test_gat_rows.py; 8 x 7 projected into heads of 8, the
+    kernel storing the first 7 with the bias): output and every gradient
+    against PyG's layer in float64 by the FlashAttention rule."""
+    from pyg_dfgnn.nn import _padded
+    monkeypatch.setattr(_padded, "GPU_BOUND_ELEMENTS", 0)
+    check_layer_op_against_float64(pyg_nn.GATConv, GATConv,
+                                   dict(in_channels=F_IN, heads=8, out_channels=out_channels),
+                                   "GatLayerFn", dtype=dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kw", [dict(heads=8, out_channels=19), dict(heads=4, out_channels=64)])
 def test_layer_op_split_fp32_against_float64(kw, monkeypatch):
     """The one-op path with its fp32 projections split on the bf16 tensor

@@ -12,7 +12,9 @@ output, saved softmax statistics and gradients must be those kernels' bit for
 bit (``PYG_DFGNN_LEAN=0`` runs them everywhere); the statistics are compared
 through the backward, which recomputes alpha from them.  Accuracy against
 float64 is the float64 tests' (tests/ops/test_cuda_kernels.py, tests/nn),
-which run the lean kernels wherever they apply.  CUDA only.
+which run the lean kernels wherever they apply.  GAT's forward by rows is
+off here (``PYG_DFGNN_GAT_ROWS=0``); it has its own tests
+(tests/ops/test_gat_rows.py).  CUDA only.
 """
 import pytest
 import torch
@@ -23,6 +25,14 @@ from pyg_dfgnn.graph import get_graph
 from _cases import random_graph
 
 pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(autouse=True)
+def _gat_forward_lean(monkeypatch):
+    """GAT's forward on fwd_lean_kernel, not by rows (fwd_gat_rows_kernel,
+    which sums a row in another order: tests/ops/test_gat_rows.py)."""
+    monkeypatch.setenv("PYG_DFGNN_GAT_ROWS", "0")
+
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: heads x features: the bench's shapes (8 x 19 runs padded to 20), one head
