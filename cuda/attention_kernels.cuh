@@ -1464,7 +1464,11 @@ __device__ __forceinline__ float rows_head_reduce(float v, int H, int G) {
   return v;
 }
 
-template <typename T, typename I>
+// EXTRA: the calls with edge logits (a_edge [E, H], by the CSR permutation)
+// or attention dropout (each scoring lane's weight times its (edge, head)'s
+// keep factor; the sum l over the weights before dropout, as fwd_lane_edges);
+// the instantiation without them has no code for either.
+template <typename T, typename I, bool EXTRA>
 __global__ void __launch_bounds__(kThreads, DFGNN_ROWS_BLOCKS)
     fwd_gat_rows_kernel(const Params<T, I> p) {
   constexpr int K = kRowsK<T>, R = kRowsR;
@@ -1502,8 +1506,17 @@ __global__ void __launch_bounds__(kThreads, DFGNN_ROWS_BLOCKS)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t e = base + r * EB + es;
-      s[r] = e < it.end ? leaky(to_f(p.src[(int64_t)j[r] * p.H + hs]) + a_dst, p.slope)
-                        : -INFINITY;
+      if constexpr (EXTRA) {
+        float z = 0.f;
+        if (e < it.end) {
+          z = to_f(p.src[(int64_t)j[r] * p.H + hs]) + a_dst;
+          if (p.edge) z += to_f(p.edge[(p.perm ? (int64_t)p.perm[e] : e) * p.H + hs]);
+        }
+        s[r] = e < it.end ? leaky(z, p.slope) : -INFINITY;
+      } else {
+        s[r] = e < it.end ? leaky(to_f(p.src[(int64_t)j[r] * p.H + hs]) + a_dst, p.slope)
+                          : -INFINITY;
+      }
     }
     float mx = s[0];
 #pragma unroll
@@ -1519,6 +1532,11 @@ __global__ void __launch_bounds__(kThreads, DFGNN_ROWS_BLOCKS)
       ps += pe[r];
     }
     l = l * corr + rows_head_reduce<false>(ps, H, G);
+    if constexpr (EXTRA) {   // (the weights after dropout; l keeps the ones before)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        pe[r] *= keep_factor(p.drop_p, p.seed, base + r * EB + es, p.H, hs);
+    }
     if (__any_sync(0xffffffffu, raised)) {
       const float ca = __shfl_sync(0xffffffffu, corr, first + ha);
       const float cb = __shfl_sync(0xffffffffu, corr, first + hb);

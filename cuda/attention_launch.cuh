@@ -255,8 +255,10 @@ bool lean_applies(const Params<T, I>& p, const Launch& l) {
 }
 
 // GAT's forward by rows (fwd_gat_rows_kernel): the lanes per work item, or 0
-// where it does not apply.  It applies to the lean calls (no edge features,
-// no dropout, one launch column) without a forced group, whose heads H are a
+// where it does not apply.  It applies to the calls whose heads fit one
+// launch column (with edge logits and attention dropout too, on the kernel's
+// EXTRA instantiation; not under PYG_DFGNN_LEAN=0) without a forced group,
+// whose heads H are a
 // power of two of at least kRowsK features (a 16-byte chunk spans two heads
 // at most) and whose rows are whole 16-byte chunks (H F a multiple of kRowsK),
 // aligned, of at most kRowsMaxBytes: G = the power of two covering the row's
@@ -282,7 +284,7 @@ template <typename T, typename I>
 int gat_rows_group(const Params<T, I>& p, const Launch& l, const Sched& sc, const FeatArgs& fa,
                    const at::Tensor& out) {
   constexpr int64_t K = kRowsK<T>;
-  if (!gat_rows_request() || sc.group > 0 || !lean_applies(p, l)) return 0;
+  if (!gat_rows_request() || sc.group > 0 || l.grid.y != 1 || !lean_request()) return 0;
   const int64_t H = p.H, F = p.F;
   if ((H & (H - 1)) != 0 || F < K || (H * F) % K != 0 ||
       H * F * (int64_t)sizeof(T) > kRowsMaxBytes || !aligned16(fa.val) || !aligned16(out) ||
@@ -323,7 +325,10 @@ void fwd_impl(const GraphArgs& gr, const FeatArgs& fa, const Sched& sc, FwdOut& 
       pr.G = g;
       const int64_t blocks = (p.num_items * g + kThreads - 1) / kThreads;
       TORCH_CHECK(blocks < (int64_t)INT32_MAX, "pyg_dfgnn: problem too large");
-      fwd_gat_rows_kernel<T, I><<<(unsigned)blocks, kThreads, 0, stream>>>(pr);
+      if (p.edge || p.drop_p > 0.f)
+        fwd_gat_rows_kernel<T, I, true><<<(unsigned)blocks, kThreads, 0, stream>>>(pr);
+      else
+        fwd_gat_rows_kernel<T, I, false><<<(unsigned)blocks, kThreads, 0, stream>>>(pr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       by_rows = true;
     }

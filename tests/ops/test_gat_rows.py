@@ -1,8 +1,8 @@
 """GAT's forward by rows (cuda/attention_kernels.cuh: ``fwd_gat_rows_kernel``):
 one lane group per work item covering all its heads, a 16-byte chunk of the
-row per lane, for GAT's lean calls (no edge features, no dropout) at a
-power of two of heads whose rows take 16 lanes or fewer (attention_launch.cuh:
-``gat_rows_group``).
+row per lane, for GAT's calls at a power of two of heads whose rows take 16
+lanes or fewer (attention_launch.cuh: ``gat_rows_group``); with edge logits or
+attention dropout on its ``EXTRA`` instantiation.
 
 Its sums run in another order than ``fwd_lean_kernel``'s, so it is judged
 against float64: the output by the FlashAttention rule (within a small
@@ -54,6 +54,25 @@ def test_rows_forward_against_float64(kind, H, F, dtype, split):
     gen = torch.Generator().manual_seed(H * 100 + F + (7 if split else 0))
     ei = random_graph(ns, nd, 1300, super_node=(400, 5), generator=gen)
     check(kind, ei, ns, nd, H, F, dtype, seed=H * 1000 + F, split=split)
+
+
+@pytest.mark.parametrize("split", [None, 16])
+@pytest.mark.parametrize("edge,dropout", [(True, 0.0), (False, 0.3), (True, 0.5)])
+@pytest.mark.parametrize("H,F,dtype", [(8, 8, torch.float32), (8, 10, torch.bfloat16),
+                                       (4, 16, torch.float16), (16, 8, torch.bfloat16),
+                                       (2, 16, torch.bfloat16)])
+@pytest.mark.parametrize("kind", ["gat", "gat_bias"])
+def test_rows_edge_logits_and_dropout_against_float64(kind, H, F, dtype, edge, dropout, split):
+    """Edge logits (``a_edge`` in the original edge order, read through the
+    CSR permutation) and attention dropout (the same Philox mask as the
+    reference: tests compare the kernel with it exactly) on the kernel's EXTRA
+    instantiation: output, alpha (after dropout) and every gradient against
+    float64."""
+    ns, nd = 130, 117
+    gen = torch.Generator().manual_seed(H * 100 + F + int(dropout * 10))
+    ei = random_graph(ns, nd, 1300, super_node=(400, 5), generator=gen)
+    check(kind, ei, ns, nd, H, F, dtype, edge=edge, dropout=dropout, seed=H * 1000 + F,
+          split=split)
 
 
 @pytest.mark.parametrize("H,F,dtype", [(8, 8, torch.float32), (8, 4, torch.float32),
@@ -115,14 +134,13 @@ def test_rows_narrow_output_with_bias(H, F, C, dtype):
 
 
 def test_rows_run_where_they_apply(monkeypatch):
-    """The kernel runs for GAT's lean calls at every case above, with a bias
-    narrower than the heads too; not where the row takes more than 16 lanes
-    (fp32 8 x 10: 20 chunks; bf16 8 x 20; 4 x 64) or no fewer than
-    fwd_lean_kernel's groups (fp32 4 x 16 and 2 x 16, bf16 1 x 32), at 3 x 8
-    (heads not a power of two), at bf16 8 x 4 (a chunk over three heads), with
-    edge features,
-    with dropout, under ``PYG_DFGNN_LEAN=0`` or ``PYG_DFGNN_GAT_ROWS=0``, or
-    with a forced group.  A malformed setting is an error naming the
+    """The kernel runs for GAT's calls at every case above, with a bias
+    narrower than the heads, edge logits and attention dropout too; not where
+    the row takes more than 16 lanes (fp32 8 x 10: 20 chunks; bf16 8 x 20;
+    4 x 64) or no fewer than fwd_lean_kernel's groups (fp32 4 x 16 and 2 x 16,
+    bf16 1 x 32), at 3 x 8 (heads not a power of two), at bf16 8 x 4 (a chunk
+    over three heads), under ``PYG_DFGNN_LEAN=0`` or ``PYG_DFGNN_GAT_ROWS=0``,
+    or with a forced group.  A malformed setting is an error naming the
     variable."""
     for var in ("PYG_DFGNN_GAT_ROWS", "PYG_DFGNN_LEAN"):
         monkeypatch.delenv(var, raising=False)
@@ -144,8 +162,8 @@ def test_rows_run_where_they_apply(monkeypatch):
     assert not ran(8, 10) and not ran(8, 20, torch.bfloat16) and not ran(4, 64, torch.bfloat16)
     assert not ran(4, 16) and not ran(2, 16) and not ran(1, 32, torch.bfloat16)
     assert not ran(3, 8, torch.bfloat16) and not ran(8, 4, torch.bfloat16)
-    assert not ran(8, 10, torch.bfloat16, edge=True)
-    assert not ran(8, 10, torch.bfloat16, dropout=0.3)
+    assert ran(8, 10, torch.bfloat16, edge=True) and ran(8, 8, dropout=0.3)
+    assert ran(8, 10, torch.bfloat16, edge=True, dropout=0.6)
     with schedule.override(group=4):
         assert not ran(8, 10, torch.bfloat16)
     monkeypatch.setenv("PYG_DFGNN_GAT_ROWS", "0")
