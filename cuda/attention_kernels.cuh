@@ -1424,25 +1424,25 @@ __global__ void __launch_bounds__(kThreads, BLOCKS) fwd_lean_kernel(const Params
 
 // ------------------------------------------------- GAT's forward by rows
 // GAT's forward with one lane group per work item covering all its heads
-// (issue 11's "one lane group covers several heads of a row"), for the lean
-// calls (no edge features, no dropout) whose rows are short: a row of
-// x [N, H, F] is H F contiguous elements, and at 8 x 10 in bf16 (160 bytes)
-// fwd_lean_kernel's groups of 4 lanes per head take a warp per row, each
-// lane loading two 4-byte pieces of its head per edge -- as many loads, and
-// as many rows in flight per warp, as fp32's 8-byte pieces (the forward is
+// (issue 11's "one lane group covers several heads of a row"), for the calls
+// whose rows are short (with edge logits or attention dropout: EXTRA, below):
+// a row of x [N, H, F] is H F contiguous elements, and at 8 x 10 in bf16 (160
+// bytes) fwd_lean_kernel's groups of 4 lanes per head take a warp per row,
+// each lane loading two 4-byte pieces of its head per edge -- as many loads,
+// and as many rows in flight per warp, as fp32's 8-byte pieces (the forward is
 // latency-bound, so bf16 took 0.95x fp32's time there: docs/KERNELS.md,
 // session 51).  Here lane lg holds the row's 16-byte chunk lg (kRowsK
-// elements), so that G = the power of two covering the row's L chunks (and
-// at least H) holds a row: 16 lanes at bf16 8 x 10, two rows per warp
+// elements), so that G = the power of two covering the row's L chunks (and at
+// least H) holds a row: 16 lanes at bf16 8 x 10, two rows per warp
 // (attention_launch.cuh: gat_rows_group, rows of at most 256 bytes).  A chunk
 // spans at most two heads (F >= kRowsK): ha, its elements k < sp, and hb.
-// Scores: lane lg scores head hs = lg mod H of the edges es + r EB (es =
-// lg / H, EB = G / H edges per round, kRowsR rounds per batch); the lanes of
-// one head reduce the batch's max and sum (xor offsets H .. G / 2), so every
-// lane of head h holds its online-softmax state (m, l).  The feature lanes
-// take their chunk's weights from the scoring lanes by shuffles and gather
-// kRowsR rows at a time.  The results are within a few roundings of
-// fwd_lean_kernel's (another order of the row's sums).
+// Scores: lane lg scores head hs = lg mod H of the edges es + r EB (es = lg /
+// H, EB = G / H edges per round, kRowsR rounds per batch); the lanes of one
+// head reduce the batch's max and sum (xor offsets H .. G / 2), so every lane
+// of head h holds its online-softmax state (m, l).  The feature lanes take
+// their chunk's weights from the scoring lanes by shuffles and gather kRowsR
+// rows at a time.  The results are within a few roundings of fwd_lean_kernel's
+// (another order of the row's sums).
 template <typename T> constexpr int kRowsK = 16 / sizeof(T);
 constexpr int kRowsR = 4;   // rounds of scores per batch: rows in flight per lane
 // resident blocks (76-80 registers, no spills: nvcc 13.0, sm_90; at 4 blocks

@@ -255,23 +255,22 @@ bool lean_applies(const Params<T, I>& p, const Launch& l) {
 }
 
 // GAT's forward by rows (fwd_gat_rows_kernel): the lanes per work item, or 0
-// where it does not apply.  It applies to the calls whose heads fit one
-// launch column (with edge logits and attention dropout too, on the kernel's
-// EXTRA instantiation; not under PYG_DFGNN_LEAN=0) without a forced group,
-// whose heads H are a
-// power of two of at least kRowsK features (a 16-byte chunk spans two heads
-// at most) and whose rows are whole 16-byte chunks (H F a multiple of kRowsK),
-// aligned, of at most kRowsMaxBytes: G = the power of two covering the row's
-// chunks and H, at most 16 (two rows per warp or more) and fewer than the H
-// groups of p.G lanes fwd_lean_kernel takes.  Measured on an H100
-// (docs/KERNELS.md, session 51; the forward kernel, uniform / power-law /
-// PATTERN): bf16 8 x 10 (32 -> 16 lanes) 0.68 / 0.72 / 0.65x, 8 x 8 fp32
-// (32 -> 16) 0.59 / 0.74 / 0.54x, bf16 (32 -> 8) 0.43 / 0.96 / 0.53x, bf16
-// 4 x 16 and 2 x 16 0.68-0.77x; with as many lanes as fwd_lean_kernel's or
-// more it lost on some graph (fp32 4 x 16 1.08x power-law, 1 x 32 1.45x
-// uniform), and so did a warp per row (fp32 8 x 10, bf16 8 x 20: up to 1.38x,
-// H200), 4 x 64 (1.19-1.38x) and two chunks per lane (up to 1.61x).
-// PYG_DFGNN_GAT_ROWS=0 turns it off.
+// where it does not apply.  It applies to the calls whose heads fit one launch
+// column (with edge logits and attention dropout too, on the kernel's EXTRA
+// instantiation; not under PYG_DFGNN_LEAN=0) without a forced group, whose
+// heads H are a power of two of at least kRowsK features (a 16-byte chunk
+// spans two heads at most) and whose rows are whole 16-byte chunks (H F a
+// multiple of kRowsK), aligned, of at most kRowsMaxBytes: G = the power of two
+// covering the row's chunks and H, at most 16 (two rows per warp or more) and
+// fewer than the H groups of p.G lanes fwd_lean_kernel takes.  Measured on an
+// H100 (docs/KERNELS.md, session 51; the forward kernel, uniform / power-law /
+// PATTERN): bf16 8 x 10 (32 -> 16 lanes) 0.68 / 0.72 / 0.65x, 8 x 8 fp32 (32
+// -> 16) 0.59 / 0.74 / 0.54x, bf16 (32 -> 8) 0.43 / 0.96 / 0.53x, bf16 4 x 16
+// and 2 x 16 0.68-0.77x; with as many lanes as fwd_lean_kernel's or more it
+// lost on some graph (fp32 4 x 16 1.08x power-law, 1 x 32 1.45x uniform), and
+// so did a warp per row (fp32 8 x 10, bf16 8 x 20: up to 1.38x, H200), 4 x 64
+// (1.19-1.38x) and two chunks per lane (up to 1.61x). PYG_DFGNN_GAT_ROWS=0
+// turns it off.
 constexpr int64_t kRowsMaxBytes = 256;
 inline bool gat_rows_request() {
   const char* env = std::getenv("PYG_DFGNN_GAT_ROWS");
