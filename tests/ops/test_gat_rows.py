@@ -133,6 +133,25 @@ def test_rows_narrow_output_with_bias(H, F, C, dtype):
     assert all(e < TOL[dtype] for e in errs.values()), errs
 
 
+@pytest.mark.parametrize("edge,dropout", [(False, 0.0), (True, 0.3)])
+@pytest.mark.parametrize("H,F,dtype", [(8, 10, torch.bfloat16), (8, 8, torch.float32)])
+def test_rows_with_int64_indices(H, F, dtype, edge, dropout, monkeypatch):
+    """The kernel's int64 instantiation (graphs past int32 indices), forced on
+    a small graph: output, alpha and every gradient against float64; it ran on
+    an int64 CSR."""
+    import pyg_dfgnn.graph as graph_mod
+    monkeypatch.setattr(graph_mod, "_INT32_MAX", 16)
+    gen = torch.Generator().manual_seed(H + F)
+    ei = random_graph(130, 117, 1300, super_node=(400, 5), generator=gen)
+    check("gat_bias", ei, 130, 117, H, F, dtype, edge=edge, dropout=dropout, seed=F,
+          split=16)
+    g = get_graph(ei.cuda(), (130, 117))
+    assert g.col.dtype == torch.int64
+    x = torch.randn(130, H, F, generator=gen).to("cuda", dtype)
+    a = torch.randn(130, H, generator=gen).to("cuda", dtype)
+    assert _rows_ran(lambda: ops.gat_attention(g, x, a, a[:117], dropout=dropout))
+
+
 def test_rows_run_where_they_apply(monkeypatch):
     """The kernel runs for GAT's calls at every case above, with a bias
     narrower than the heads, edge logits and attention dropout too; not where
