@@ -1506,16 +1506,13 @@ __global__ void __launch_bounds__(kThreads, DFGNN_ROWS_BLOCKS)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t e = base + r * EB + es;
-      if constexpr (EXTRA) {
-        float z = 0.f;
-        if (e < it.end) {
-          z = to_f(p.src[(int64_t)j[r] * p.H + hs]) + a_dst;
+      s[r] = -INFINITY;
+      if (e < it.end) {
+        float z = to_f(p.src[(int64_t)j[r] * p.H + hs]) + a_dst;
+        if constexpr (EXTRA) {
           if (p.edge) z += to_f(p.edge[(p.perm ? (int64_t)p.perm[e] : e) * p.H + hs]);
         }
-        s[r] = e < it.end ? leaky(z, p.slope) : -INFINITY;
-      } else {
-        s[r] = e < it.end ? leaky(to_f(p.src[(int64_t)j[r] * p.H + hs]) + a_dst, p.slope)
-                          : -INFINITY;
+        s[r] = leaky(z, p.slope);
       }
     }
     float mx = s[0];

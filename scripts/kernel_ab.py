@@ -74,8 +74,8 @@ def run(a) -> None:
     for k in ("order", "split"):
         if getattr(a, k) is not None:
             extra = (extra + " " if extra else "") + f"{k}={getattr(a, k)}"
-    for var, tag in (("PYG_DFGNN_GAT_HUB_MIN", "hub_min"), ("PYG_DFGNN_GAT_ROWS", "rows"),
-                     ("PYG_DFGNN_GAT_ROWS_NC", "rows_nc")):   # (GAT's run-time rules)
+    for var, tag in (("PYG_DFGNN_GAT_HUB_MIN", "hub_min"),
+                     ("PYG_DFGNN_GAT_ROWS", "rows")):   # (GAT's run-time rules)
         if os.environ.get(var):
             extra = (extra + " " if extra else "") + f"{tag}={os.environ[var]}"
     print(f"device: {torch.cuda.get_device_name()}  build: '{extra}'", flush=True)

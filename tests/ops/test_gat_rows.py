@@ -19,7 +19,7 @@ from pyg_dfgnn import ops, schedule
 from pyg_dfgnn.graph import get_graph
 from pyg_dfgnn.ops import reference as R
 from _cases import KINDS, make_inputs, random_graph
-from test_cuda_kernels import TOL, check, poison, rel
+from test_cuda_kernels import TOL, _unit, check, poison, rel
 from test_lean_kernels import _kernels
 
 pytestmark = pytest.mark.cuda
@@ -31,7 +31,6 @@ pytestmark = pytest.mark.cuda
 HALF_SHAPES = [(8, 10), (8, 8), (4, 16), (2, 16), (16, 8)]
 CASES = ([(8, 8, torch.float32), (8, 4, torch.float32)]
          + [(H, F, dt) for dt in (torch.bfloat16, torch.float16) for H, F in HALF_SHAPES])
-UNIT = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
 def _rows_ran(fn) -> bool:
@@ -100,7 +99,7 @@ def test_rows_output_within_pytorchs_error(H, F, dtype):
     err = float((out.double() - ref).abs().max())
     err_torch = float((torch_out.double() - ref).abs().max())
     scale = float(ref.abs().max())
-    assert err <= 2 * err_torch + 2 * UNIT[dtype] * scale, (err, err_torch, scale)
+    assert err <= 2 * err_torch + 2 * _unit(dtype) * scale, (err, err_torch, scale)
 
 
 @pytest.mark.parametrize("H,F,C,dtype", [(8, 10, 9, torch.bfloat16), (4, 16, 13, torch.float16),
